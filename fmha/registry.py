@@ -1,0 +1,77 @@
+"""The kernels and merges under test, by name, and plug-ins by import path.
+
+    resolve_kernel("sdpa-math")                 a built-in entry
+    resolve_kernel("my_pkg.attn:flash_fwd")     any contract callable, no repo edit needed
+
+A plugged-in callable may carry a `capabilities` attribute (fmha.capabilities.Capabilities);
+one without claims the whole contract. An attribute that is already a KernelEntry is used as
+it is.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from fmha.adapters import flex, sdpa
+from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
+from fmha import merge_torch
+
+KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*sdpa.ENTRIES, *flex.ENTRIES]}
+
+MERGES: dict[str, MergeEntry] = {
+    "torch-merge": MergeEntry("torch-merge", merge_torch.merge, description="eager PyTorch, float32 math"),
+}
+
+
+def register_kernel(entry: KernelEntry) -> KernelEntry:
+    if entry.name in KERNELS:
+        raise ValueError(f"kernel name {entry.name!r} is already registered")
+    KERNELS[entry.name] = entry
+    return entry
+
+
+def _import(spec: str, what: str):
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"--fmha-{what}: expected a registered name or 'package.module:attr', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--fmha-{what} {spec!r}: cannot import {module_name!r}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"--fmha-{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def resolve_kernel(spec: str) -> KernelEntry:
+    if spec in KERNELS:
+        return KERNELS[spec]
+    if ":" not in spec:
+        raise ValueError(f"--fmha-kernel {spec!r}: unknown name; registered: {', '.join(KERNELS)}; "
+                         "or give 'package.module:attr'")
+    obj = _import(spec, "kernel")
+    if isinstance(obj, KernelEntry):
+        return obj
+    if not callable(obj):
+        raise ValueError(f"--fmha-kernel {spec!r}: {type(obj).__name__} is not callable")
+    return KernelEntry(name=spec, fn=obj, capabilities=getattr(obj, "capabilities", FULL_CONTRACT))
+
+
+def resolve_merge(spec: str) -> MergeEntry:
+    if spec in MERGES:
+        return MERGES[spec]
+    if ":" not in spec:
+        raise ValueError(f"--fmha-merge {spec!r}: unknown name; registered: {', '.join(MERGES)}; "
+                         "or give 'package.module:attr'")
+    obj = _import(spec, "merge")
+    if isinstance(obj, MergeEntry):
+        return obj
+    if not callable(obj):
+        raise ValueError(f"--fmha-merge {spec!r}: {type(obj).__name__} is not callable")
+    return MergeEntry(name=spec, fn=obj)
+
+
+def default_kernels(device: str) -> list[KernelEntry]:
+    """What runs when no --fmha-kernel is given: every entry that runs on `device` by default."""
+    return [e for e in KERNELS.values() if device in e.default_devices and device in e.capabilities_on(device).devices]

@@ -1,0 +1,172 @@
+"""Error metrics of a kernel's output against the float64 oracle (DESIGN.md, "Comparing with
+the oracle"). Each metric says how much and, where it is a worst case, where.
+
+Rows are the Dv-vectors o[b, t, h]; locations are reported as (b, t, h) or (b, t, h, d) for
+o and (b, h, t) for lse.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
+
+
+@dataclass
+class Metrics:
+    dtype: torch.dtype
+    cos: float
+    worst_row_cos: float
+    worst_row_cos_at: tuple
+    rel_l2: float
+    output_floor: float  # |round_dtype(O) - O| / |O|: rounding the exact answer
+    floor: float  # output_floor combined with fp32 logit rounding: a perfect kernel's error
+    error_ratio: float  # rel_l2 / floor
+    magnitude: float  # |o| / |O|
+    # max over rows of |o_r - O_r| / |A_r|, A = attention over |v|: the row's error relative
+    # to the magnitudes it averages (cancellation in o_r is not the kernel's fault), in units
+    # of the per-element floor (dtype unit roundoff combined with fp32 logit rounding).
+    worst_row_err: float
+    worst_row_err_at: tuple
+    max_ulp: float  # worst element error in output-dtype ulps
+    max_ulp_at: tuple
+    nonfinite: int  # NaN/Inf where the oracle is finite (unwritten elements excluded)
+    nonfinite_at: tuple | None
+    unwritten: int  # elements of out= that still hold the poison
+    unwritten_rows: list = field(default_factory=list)
+    lse_max_err: float | None = None  # max |lse - L| / max(1, |L|); None: no lse returned
+    lse_max_err_at: tuple | None = None
+    lse_inf_mismatch: int = 0  # -inf in one of kernel/oracle but not the other
+    lse_scale: float | None = None  # least-squares slope of kernel lse against oracle lse
+
+    def summary(self) -> str:
+        line = (
+            f"cos {self.cos:.7f}, worst row cos {self.worst_row_cos:.7f} at (b,t,h)={self.worst_row_cos_at}, "
+            f"rel-L2 {self.rel_l2:.3g} = {self.error_ratio:.2f}x floor {self.floor:.3g}, "
+            f"|o|/|O| {self.magnitude:.6f}, max {self.max_ulp:.1f} ulp at {self.max_ulp_at}"
+        )
+        if self.lse_max_err is not None:
+            line += f", lse err {self.lse_max_err:.3g}"
+        return line
+
+
+def _unravel(index: int, shape) -> tuple:
+    coords = []
+    for size in reversed(shape):
+        coords.append(index % size)
+        index //= size
+    return tuple(reversed(coords))
+
+
+def _argmax(x: torch.Tensor) -> tuple[float, tuple]:
+    flat = x.reshape(-1)
+    i = int(torch.argmax(flat))
+    return float(flat[i]), _unravel(i, x.shape)
+
+
+def ulp(reference: torch.Tensor, dtype: torch.dtype, magnitude_floor: torch.Tensor) -> torch.Tensor:
+    """Spacing of `dtype` at each |reference|, never below the spacing at `magnitude_floor`
+    (so elements near zero, where cancellation is normal, are not measured in tiny ulps)."""
+    m = torch.maximum(reference.abs(), magnitude_floor)
+    m = torch.clamp(m, min=torch.finfo(dtype).tiny)
+    _, exponent = torch.frexp(m)
+    return torch.ldexp(torch.ones_like(m), exponent - 1 - MANTISSA_BITS[dtype])
+
+
+def measure(
+    o: torch.Tensor,
+    oracle_o: torch.Tensor,
+    lse: torch.Tensor | None = None,
+    oracle_lse: torch.Tensor | None = None,
+    unwritten: torch.Tensor | None = None,
+    logit_rms: float = 0.0,
+    oracle_abs: torch.Tensor | None = None,
+) -> Metrics:
+    """Compare kernel output `o` (B, T, H, Dv) and `lse` (B, H, T) with the float64 oracle.
+
+    `unwritten` is a bool mask of elements of out= still holding the poison, or None.
+    `logit_rms` (RMS of the visible logits) sets the error a perfect kernel makes by holding
+    logits in float32: about 2**-24 * |s| relative, which dominates for fp32 outputs when
+    |s| is large. `oracle_abs` is the oracle over |v| (the scale of the terms each output
+    element sums); without it |O| is used.
+    """
+    dtype = o.dtype
+    O = oracle_o.double()
+    x = o.double()
+    unwritten = torch.zeros_like(x, dtype=torch.bool) if unwritten is None else unwritten
+    nonfinite_mask = ~torch.isfinite(x) & ~unwritten
+    bad = nonfinite_mask | unwritten
+    x = torch.where(bad, torch.zeros_like(x), x)  # measure the rest; bad elements are counted
+
+    diff = x - O
+    ref_norm = float(O.norm())
+    out_norm = float(x.norm())
+    err_norm = float(diff.norm())
+    if ref_norm > 0:
+        cos = float((x * O).sum()) / max(ref_norm * out_norm, 1e-300)
+        rel_l2 = err_norm / ref_norm
+        magnitude = out_norm / ref_norm
+        output_floor = float((O.to(dtype).double() - O).norm()) / ref_norm
+    else:  # every row empty: the right answer is exactly zero
+        cos = 1.0 if out_norm == 0 else 0.0
+        rel_l2 = 0.0 if out_norm == 0 else math.inf
+        magnitude = 1.0 if out_norm == 0 else math.inf
+        output_floor = 0.0
+    # A floor of exactly 0 (an exactly representable oracle) would make any error infinite.
+    output_floor = max(output_floor, 2.0 ** -(MANTISSA_BITS[dtype] + 4))
+    floor = math.hypot(output_floor, 2.0**-24 * logit_rms)
+    error_ratio = rel_l2 / floor
+
+    row_ref = O.norm(dim=-1)
+    row_out = x.norm(dim=-1)
+    row_dot = (x * O).sum(dim=-1)
+    empty_row = row_ref == 0
+    row_cos = torch.where(
+        empty_row,
+        (row_out == 0).double(),
+        row_dot / torch.clamp(row_ref * row_out, min=1e-300),
+    )
+    worst_cos, worst_cos_at = _argmax(-row_cos)
+    A = O.abs() if oracle_abs is None else oracle_abs.double()
+    row_scale = A.norm(dim=-1)
+    row_err = diff.norm(dim=-1)
+    unit = math.hypot(2.0 ** -(MANTISSA_BITS[dtype] + 1), 2.0**-24 * logit_rms)
+    row_units = torch.where(
+        row_scale == 0, torch.where(row_err > 0, math.inf, 0.0), row_err / torch.clamp(row_scale, min=1e-300) / unit
+    )
+    worst_row_err, worst_row_err_at = _argmax(row_units)
+
+    ulps = diff.abs() / ulp(A, dtype, (row_scale / max(O.shape[-1], 1) ** 0.5)[..., None])
+    max_ulp, max_ulp_at = _argmax(ulps)
+
+    nonfinite = int(nonfinite_mask.sum())
+    nonfinite_at = _unravel(int(torch.nonzero(nonfinite_mask.reshape(-1))[0]), x.shape) if nonfinite else None
+    unwritten_rows = [tuple(r) for r in torch.nonzero(unwritten.any(dim=-1)).tolist()]
+
+    metrics = Metrics(
+        dtype=dtype, cos=cos, worst_row_cos=-worst_cos, worst_row_cos_at=worst_cos_at,
+        rel_l2=rel_l2, output_floor=output_floor, floor=floor, error_ratio=error_ratio, magnitude=magnitude,
+        worst_row_err=worst_row_err, worst_row_err_at=worst_row_err_at,
+        max_ulp=max_ulp, max_ulp_at=max_ulp_at, nonfinite=nonfinite, nonfinite_at=nonfinite_at,
+        unwritten=int(unwritten.sum()), unwritten_rows=unwritten_rows,
+    )
+    if lse is not None and oracle_lse is not None:
+        _measure_lse(metrics, lse.double(), oracle_lse.double())
+    return metrics
+
+
+def _measure_lse(metrics: Metrics, lse: torch.Tensor, ref: torch.Tensor) -> None:
+    ref_inf = torch.isneginf(ref)
+    lse_inf = torch.isneginf(lse)
+    metrics.lse_inf_mismatch = int((ref_inf != lse_inf).sum())
+    both = ~ref_inf & ~lse_inf
+    err = torch.where(both, (lse - ref).abs() / torch.clamp(ref.abs(), min=1.0), torch.zeros_like(ref))
+    err = torch.where(torch.isnan(lse), math.inf, err)
+    metrics.lse_max_err, metrics.lse_max_err_at = _argmax(err) if err.numel() else (0.0, ())
+    finite = both & torch.isfinite(lse)
+    denominator = float((ref[finite] ** 2).sum())
+    if denominator > 0:
+        metrics.lse_scale = float((lse[finite] * ref[finite]).sum()) / denominator

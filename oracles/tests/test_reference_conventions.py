@@ -1,0 +1,65 @@
+"""Conventions of the contract the oracle must follow: natural-log LSE including the sink,
+o reproducible from lse, and the D5 merge rules."""
+
+import math
+
+import torch
+
+from fmha.problem import Problem
+from oracles import reference
+from oracles.inputs import make_inputs
+
+F64 = dict(rtol=1e-12, atol=1e-12)
+
+
+def test_lse_is_the_natural_log_of_the_denominator_including_the_sink():
+    problem = Problem(1, 1, 2, 1, 1, 4, dtype=torch.float32, sink=True)
+    x = make_inputs(problem, "normal", seed=0)
+    _, lse = reference.attention(x.q, x.k, x.v, sink=x.sink)
+    s = (x.q[0, 0, 0].double() @ x.k[0, :, 0].double().T) / 2  # scale 4 ** -0.5
+    expected = math.log(math.exp(s[0]) + math.exp(s[1]) + math.exp(float(x.sink[0])))
+    assert abs(float(lse[0, 0, 0]) - expected) < 1e-12
+
+
+def test_o_is_reproducible_from_lse():
+    problem = Problem(2, 4, 11, 4, 2, 8, dtype=torch.float32, window=6, sink=True)
+    x = make_inputs(problem, "peaky", seed=1)
+    o, lse = reference.attention(x.q, x.k, x.v, window=6, sink=x.sink)
+    scores = reference.logits(x.q, x.k)
+    visible = reference.visibility_mask(4, 11, True, 6)
+    weights = torch.exp(scores - lse[..., None]) * visible  # (B, H, T, S)
+    o_from_lse = torch.einsum("bhts,bshd->bthd", weights, x.v.double().repeat_interleave(2, dim=2))
+    torch.testing.assert_close(o_from_lse, o, **F64)
+
+
+def _split_and_merge(x, problem, cut, sink):
+    parts = [
+        reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi])
+        for lo, hi in ((0, cut), (cut, problem.kv_len))
+    ]
+    return reference.merge(parts, sink=sink)
+
+
+def test_merge_of_disjoint_key_sets_equals_attention_over_all_keys():
+    problem = Problem(1, 3, 10, 2, 1, 8, dtype=torch.float32, sink=True)
+    x = make_inputs(problem, "normal", seed=2)
+    o, lse = reference.attention(x.q, x.k, x.v, sink=x.sink)
+    for cut in (0, 1, 5, 10):  # 0 and 10 leave one part empty
+        o_m, lse_m = _split_and_merge(x, problem, cut, x.sink)
+        torch.testing.assert_close(o_m, o, **F64)
+        torch.testing.assert_close(lse_m, lse, **F64)
+
+
+def test_merge_ignores_empty_parts_and_never_gives_nan():
+    o = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    empty = (torch.zeros_like(o), torch.full((1, 3, 2), -math.inf, dtype=torch.float64))
+    lse = torch.randn(1, 3, 2, dtype=torch.float64)
+    merged_o, merged_lse = reference.merge([empty, (o, lse), empty])
+    torch.testing.assert_close(merged_o, o, **F64)
+    torch.testing.assert_close(merged_lse, lse, **F64)
+    all_empty_o, all_empty_lse = reference.merge([empty, empty])
+    assert torch.equal(all_empty_o, torch.zeros_like(o)) and torch.isneginf(all_empty_lse).all()
+    sink = torch.tensor([0.5, -1.0, 2.0])
+    sink_o, sink_lse = reference.merge([empty], sink=sink)
+    assert torch.equal(sink_o, torch.zeros_like(o))
+    torch.testing.assert_close(sink_lse, sink.double().view(1, 3, 1).expand(1, 3, 2), **F64)

@@ -1,0 +1,106 @@
+"""The per-test verdict: metrics against one table of thresholds keyed by dtype.
+
+The thresholds come from measurements of correct kernels (oracles/CALIBRATION.md says which
+kernels, shapes and seeds); they are not the nightly gate (cosine >= 0.999998, ci/), which is
+stricter than most fused kernels in use today. Every verdict checks magnitude as well as
+direction: cosine alone is blind to a kernel that divides by the row sum twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from fmha.problem import DTYPE_NAMES
+from oracles.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    min_cos: float
+    max_error_ratio: float  # rel-L2 (and | |o|/|O| - 1 |) over the floor
+    max_worst_row_err: float  # the worst row's error over the magnitudes it sums, in floor units
+    max_ulp: float  # worst element, in output ulps at the row's scale, per unit of conditioning
+    max_lse_err: float  # |lse - L| / max(1, |L|)
+
+
+# Calibration: oracles/CALIBRATION.md (measured with `python -m oracles.calibrate`).
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.bfloat16: Tolerance(min_cos=0.99999, max_error_ratio=3.0, max_worst_row_err=8, max_ulp=8, max_lse_err=2e-4),
+    torch.float16: Tolerance(min_cos=0.9999998, max_error_ratio=3.0, max_worst_row_err=8, max_ulp=8, max_lse_err=2e-4),
+    torch.float32: Tolerance(min_cos=0.999999999, max_error_ratio=64.0, max_worst_row_err=64, max_ulp=64, max_lse_err=5e-5),
+}
+
+
+@dataclass
+class Verdict:
+    metrics: Metrics
+    failures: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def message(self, where: str = "") -> str:
+        head = f"{where}: " if where else ""
+        if self.passed:
+            return f"{head}pass ({self.metrics.summary()})"
+        lines = [f"{head}{len(self.failures)} check(s) failed"]
+        lines += [f"  - {f}" for f in self.failures]
+        lines += [f"  likely cause: {h}" for h in self.hints]
+        lines.append(f"  metrics: {self.metrics.summary()}")
+        return "\n".join(lines)
+
+
+def judge(metrics: Metrics, tolerance: Tolerance | None = None) -> Verdict:
+    """Check every metric against the dtype's tolerance; failures say what, where, how much."""
+    t = tolerance or TOLERANCES[metrics.dtype]
+    m = metrics
+    v = Verdict(metrics)
+    fail = v.failures.append
+    dtype = DTYPE_NAMES[m.dtype]
+    if m.unwritten:
+        rows = ", ".join(map(str, m.unwritten_rows[:4])) + (" ..." if len(m.unwritten_rows) > 4 else "")
+        fail(f"unwritten: {m.unwritten} element(s) of out= still hold the NaN poison, "
+             f"in {len(m.unwritten_rows)} row(s) (b,t,h) {rows}")
+    if m.nonfinite:
+        fail(f"non-finite: {m.nonfinite} NaN/Inf element(s) where the oracle is finite, first at (b,t,h,d)={m.nonfinite_at}")
+    if not m.cos >= t.min_cos:
+        fail(f"cosine: {m.cos:.7f} < {t.min_cos} ({dtype})")
+    if not abs(m.magnitude - 1) <= t.max_error_ratio * m.floor:
+        fail(f"magnitude: |o|/|oracle| = {m.magnitude:.6g}, allowed 1 ± {t.max_error_ratio * m.floor:.3g}")
+    if not m.error_ratio <= t.max_error_ratio:
+        fail(f"error: rel-L2 {m.rel_l2:.3g} is {m.error_ratio:.3g}x the {dtype} rounding floor "
+             f"{m.floor:.3g}, allowed {t.max_error_ratio}x")
+    if not m.worst_row_err <= t.max_worst_row_err:
+        fail(f"worst row: error at (b,t,h)={m.worst_row_err_at} is {m.worst_row_err:.3g} units of "
+             f"{dtype} roundoff relative to the row's scale, allowed {t.max_worst_row_err}")
+    allowed_ulp = t.max_ulp * m.floor / m.output_floor  # logit conditioning widens it
+    if not m.max_ulp <= allowed_ulp:
+        fail(f"worst element: {m.max_ulp:.3g} {dtype} ulp at (b,t,h,d)={m.max_ulp_at}, allowed {allowed_ulp:.3g}")
+    if m.lse_inf_mismatch:
+        fail(f"lse: {m.lse_inf_mismatch} row(s) where exactly one of kernel and oracle is -inf "
+             "(a row with no visible key has lse -inf, or the sink)")
+    if m.lse_max_err is not None:
+        if not m.lse_max_err <= t.max_lse_err:
+            fail(f"lse: error {m.lse_max_err:.4g} at (b,h,t)={m.lse_max_err_at} "
+                 f"(|Δ| / max(1, |lse|)), allowed {t.max_lse_err}")
+    if v.failures:
+        v.hints = _hints(m)
+    return v
+
+
+def _hints(m: Metrics) -> list[str]:
+    """Name the bug when the metrics have its signature."""
+    hints = []
+    if m.cos > 0.9999 and m.magnitude < 0.9 and m.unwritten == 0:
+        hints.append(f"direction right, size wrong (|o|/|O| = {m.magnitude:.4g}): "
+                     "normalised twice (P already divided by the row sum, then divided again)?")
+    if m.lse_scale is not None and abs(m.lse_scale - 1 / math.log(2)) < 0.01:
+        hints.append(f"lse = {m.lse_scale:.4f} x oracle = oracle / ln 2: base-2 LSE; the contract wants the natural log")
+    if m.unwritten:
+        hints.append("the kernel skips part of out= (a tail row, a lane or a tile never stored)")
+    return hints
