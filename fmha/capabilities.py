@@ -55,7 +55,7 @@ class Capabilities:
             reasons.append(self._why("dtype", f"dtype {DTYPE_NAMES[problem.dtype]} unsupported (supports {names})"))
         if self.head_dims is not None and problem.head_dim not in self.head_dims:
             reasons.append(self._why("head_dim", f"head dim {problem.head_dim} unsupported (supports {list(self.head_dims)})"))
-        if self.head_dims is not None and problem.head_dim_v not in self.head_dims:
+        if self.head_dims is not None and problem.head_dim_v != problem.head_dim and problem.head_dim_v not in self.head_dims:
             reasons.append(self._why("head_dim", f"head dim v {problem.head_dim_v} unsupported"))
         if not self.split_head_dim_v and problem.head_dim_v != problem.head_dim:
             reasons.append(self._why("head_dim_v", "needs Dv == D"))

@@ -18,7 +18,7 @@ from oracles.inputs import Inputs, make_inputs
 from oracles.metrics import measure
 from oracles.verdict import Tolerance, Verdict, judge
 
-# Quiet NaNs with a payload (arithmetic yields the canonical NaN, without one).
+# Quiet NaNs with a payload: a NaN a kernel computes (0/0, inf - inf) is the canonical one.
 POISON_BITS = {torch.bfloat16: 0x7FD5, torch.float16: 0x7E55, torch.float32: 0x7FC05A5A}
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 

@@ -131,12 +131,11 @@ def measure(
     )
     worst_cos, worst_cos_at = _argmax(-row_cos)
     A = O.abs() if oracle_abs is None else oracle_abs.double()
-    row_scale = A.norm(dim=-1)
+    # Below the dtype's smallest normal, values underflow in any kernel: measure against that.
+    row_scale = torch.clamp(A.norm(dim=-1), min=torch.finfo(dtype).tiny)
     row_err = diff.norm(dim=-1)
     unit = math.hypot(2.0 ** -(MANTISSA_BITS[dtype] + 1), 2.0**-24 * logit_rms)
-    row_units = torch.where(
-        row_scale == 0, torch.where(row_err > 0, math.inf, 0.0), row_err / torch.clamp(row_scale, min=1e-300) / unit
-    )
+    row_units = row_err / row_scale / unit
     worst_row_err, worst_row_err_at = _argmax(row_units)
 
     ulps = diff.abs() / ulp(A, dtype, (row_scale / max(O.shape[-1], 1) ** 0.5)[..., None])

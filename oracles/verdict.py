@@ -96,8 +96,8 @@ def judge(metrics: Metrics, tolerance: Tolerance | None = None) -> Verdict:
 def _hints(m: Metrics) -> list[str]:
     """Name the bug when the metrics have its signature."""
     hints = []
-    if m.cos > 0.9999 and m.magnitude < 0.9 and m.unwritten == 0:
-        hints.append(f"direction right, size wrong (|o|/|O| = {m.magnitude:.4g}): "
+    if m.worst_row_cos > 0.999 and m.magnitude < 0.9 and m.unwritten == 0:
+        hints.append(f"every row points the right way but is too short (|o|/|O| = {m.magnitude:.4g}): "
                      "normalised twice (P already divided by the row sum, then divided again)?")
     if m.lse_scale is not None and abs(m.lse_scale - 1 / math.log(2)) < 0.01:
         hints.append(f"lse = {m.lse_scale:.4f} x oracle = oracle / ln 2: base-2 LSE; the contract wants the natural log")

@@ -1,0 +1,108 @@
+"""The comparison policy passes the correctly rounded answer and fails each kind of wrong one
+with a message that says what, where and how much."""
+
+import math
+
+import pytest
+import torch
+
+from fmha.problem import Problem
+from oracles import reference
+from oracles.check import POISON_BITS, poisoned, still_poisoned
+from oracles.inputs import make_inputs
+from oracles.metrics import measure
+from oracles.verdict import judge
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _oracle(problem, distribution="normal", seed=0):
+    x = make_inputs(problem, distribution, seed)
+    o, lse = reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
+    return x, o, lse
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_rounded_oracle_passes(dtype):
+    problem = Problem(2, 8, 64, 4, 2, 64, dtype=dtype, causal=True, sink=True)
+    _, o, lse = _oracle(problem)
+    verdict = judge(measure(o.to(dtype), o, lse.float(), lse))
+    assert verdict.passed, verdict.message()
+    assert verdict.metrics.error_ratio == pytest.approx(1.0)
+
+
+def test_normalize_twice_fails_on_magnitude_though_cosine_is_one():
+    problem = Problem(1, 4, 128, 2, 2, 64, causal=True)
+    _, o, lse = _oracle(problem, "constant_scores")
+    row_sum = 128  # uniform P: every visible key weighs 1/row_sum; dividing again shrinks o
+    verdict = judge(measure((o / row_sum).to(problem.dtype), o, lse.float(), lse))
+    assert verdict.metrics.cos > 0.999998  # as good as the correct answer rounded to bf16
+    assert not verdict.passed
+    message = verdict.message()
+    assert "magnitude: |o|/|oracle| = 0.0078" in message
+    assert "normalised twice" in message
+
+
+def test_one_bad_row_fails_with_its_location():
+    problem = Problem(2, 16, 64, 4, 4, 64)
+    _, o, lse = _oracle(problem)
+    bad = o.clone()
+    bad[1, 5, 2] = bad[1, 5, 2].flip(-1)  # one row of 128 permuted
+    verdict = judge(measure(bad.to(problem.dtype), o))
+    assert verdict.metrics.cos > 0.99  # the global cosine hides it...
+    assert "worst row: error at (b,t,h)=(1, 5, 2)" in verdict.message()  # ...the row check does not
+
+
+def test_base2_lse_fails_and_is_named():
+    problem = Problem(1, 4, 32, 2, 2, 64)
+    _, o, lse = _oracle(problem)
+    verdict = judge(measure(o.to(problem.dtype), o, (lse / math.log(2)).float(), lse))
+    assert not verdict.passed
+    assert "base-2 LSE" in verdict.message()
+
+
+def test_missing_minus_infinity_in_lse_of_an_empty_row_fails():
+    problem = Problem(1, 6, 4, 2, 2, 64, causal=True)
+    _, o, lse = _oracle(problem)
+    wrong = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)  # CPU flash's 0
+    verdict = judge(measure(o.to(problem.dtype), o, wrong.float(), lse))
+    assert "lse: 4 row(s) where exactly one of kernel and oracle is -inf" in verdict.message()
+
+
+def test_nan_in_the_output_fails_with_count_and_place():
+    problem = Problem(1, 4, 32, 2, 2, 64)
+    _, o, _ = _oracle(problem)
+    bad = o.to(problem.dtype)
+    bad[0, 3, 1, 7] = float("nan")
+    assert "non-finite: 1 NaN/Inf element(s) where the oracle is finite, first at (b,t,h,d)=(0, 3, 1, 7)" in judge(measure(bad, o)).message()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_poison_survives_copies_and_is_told_apart_from_computed_nan(dtype):
+    out = poisoned((2, 3), dtype, "cpu")
+    assert torch.isnan(out).all() and still_poisoned(out.clone()).all()
+    computed_nan = torch.zeros(2, 3, dtype=dtype) / 0  # 0/0 yields the canonical NaN
+    assert torch.isnan(computed_nan).all() and not still_poisoned(computed_nan).any()
+    out[0, 1] = 1.0
+    assert still_poisoned(out).sum() == 5
+    assert POISON_BITS[dtype]
+
+
+def test_unwritten_rows_are_reported():
+    problem = Problem(1, 4, 32, 2, 2, 64)
+    _, o, _ = _oracle(problem)
+    out = poisoned(o.shape, problem.dtype, "cpu")
+    out[:, :3] = o[:, :3].to(problem.dtype)  # the last query row never stored
+    message = judge(measure(out, o, unwritten=still_poisoned(out))).message()
+    assert "unwritten: 128 element(s) of out= still hold the NaN poison, in 2 row(s) (b,t,h) (0, 3, 0), (0, 3, 1)" in message
+
+
+def test_precision_loss_beyond_the_dtype_floor_fails():
+    """bf16 P in an fp32 problem: cosine ~1 - 1e-6, far above fp32's floor."""
+    problem = Problem(1, 8, 128, 2, 2, 64, dtype=torch.float32)
+    x, o, lse = _oracle(problem)
+    s = reference.logits(x.q, x.k)
+    p = torch.softmax(s, -1).to(torch.bfloat16).double()
+    coarse = torch.einsum("bhts,bshd->bthd", p, x.v.double())
+    verdict = judge(measure(coarse.float(), o))
+    assert not verdict.passed and "fp32 rounding floor" in verdict.message()

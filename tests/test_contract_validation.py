@@ -1,0 +1,142 @@
+"""Bad input is refused before any kernel code runs, with a message that names the argument,
+what was expected and what came in. Checked through a real kernel entry point."""
+
+import re
+
+import pytest
+import torch
+
+from fmha import ContractError, NotSupportedError, check_attention_args, check_merge_args
+from fmha.capabilities import Capabilities
+from fmha.registry import KERNELS
+
+sdpa_math = KERNELS["sdpa-math"]
+
+
+def _qkv(B=1, T=4, S=8, Hq=4, Hkv=2, D=64, Dv=None, dtype=torch.bfloat16):
+    q = torch.randn(B, T, Hq, D, dtype=dtype)
+    k = torch.randn(B, S, Hkv, D, dtype=dtype)
+    v = torch.randn(B, S, Hkv, Dv or D, dtype=dtype)
+    return q, k, v
+
+
+def _refused(match, q, k, v, **kw):
+    with pytest.raises(ContractError, match=re.escape(match)):
+        sdpa_math(q, k, v, **kw)
+
+
+def test_rank():
+    q, k, v = _qkv()
+    _refused("q: expected rank 4 (B, T, Hq, D), got rank 3", q[0], k, v)
+
+
+def test_batch_mismatch():
+    q, _, _ = _qkv(B=2)
+    _, k, v = _qkv(B=3)
+    _refused("k, v: expected batch B=2 (q's), got k 3 and v 3", q, k, v)
+
+
+def test_kv_length_mismatch():
+    q, k, v = _qkv()
+    _refused("v: expected S=8 keys (k's dim 1), got 7", q, k, v[:, :7])
+
+
+def test_head_dim_mismatch():
+    q, k, v = _qkv()
+    _refused("k: expected head dim D=64 (q's dim 3), got 32", q, k[..., :32].contiguous(), v)
+
+
+def test_kv_heads_mismatch():
+    q, k, v = _qkv()
+    _refused("v: expected Hkv=2 heads (k's dim 2), got 1", q, k, v[:, :, :1])
+
+
+def test_query_heads_not_a_multiple_of_kv_heads():
+    q, k, v = _qkv(Hq=3, Hkv=2)
+    _refused("q, k: expected Hq % Hkv == 0, got Hq=3, Hkv=2", q, k, v)
+
+
+def test_dtype_mismatch():
+    q, k, v = _qkv()
+    _refused("k, v: expected q's dtype torch.bfloat16, got k torch.float16 and v torch.bfloat16", q, k.half(), v)
+
+
+def test_unsupported_dtype():
+    q, k, v = _qkv()
+    _refused("q: expected dtype bf16, fp16 or fp32, got torch.float64", q.double(), k, v)
+
+
+def test_device_mismatch():
+    q, k, v = _qkv()
+    _refused("k, v: expected q's device cpu, got k on meta and v on cpu", q, k.to("meta"), v)
+
+
+def test_non_contiguous_last_dim():
+    q, k, v = _qkv()
+    strided = torch.randn(1, 4, 4, 128, dtype=q.dtype)[..., ::2]
+    _refused("q: expected a contiguous last dim (stride 1), got strides (2048, 512, 128, 2)", strided, k, v)
+
+
+@pytest.mark.parametrize("window", [0, -3])
+def test_window_below_one(window):
+    _refused(f"window: expected an int >= 1 or None, got {window}", *_qkv(), window=window)
+
+
+def test_window_not_an_int():
+    _refused("window: expected an int >= 1 or None, got float 2.5", *_qkv(), window=2.5)
+
+
+def test_sink_shape():
+    _refused("sink: expected shape (4,) (one logit per query head), got (2,)", *_qkv(), sink=torch.zeros(2))
+
+
+def test_sink_dtype():
+    _refused("sink: expected dtype float32, got torch.bfloat16", *_qkv(), sink=torch.zeros(4, dtype=torch.bfloat16))
+
+
+def test_sink_device():
+    _refused("sink: expected q's device cpu, got meta", *_qkv(), sink=torch.zeros(4, device="meta"))
+
+
+def test_out_shape():
+    q, k, v = _qkv(Dv=32)
+    with pytest.raises(ContractError, match=re.escape("out: expected shape (1, 4, 4, 32) (B, T, Hq, Dv), got (1, 4, 4, 64)")):
+        check_attention_args(q, k, v, out=torch.empty(1, 4, 4, 64, dtype=q.dtype))
+
+
+def test_out_dtype():
+    q, k, v = _qkv()
+    with pytest.raises(ContractError, match=re.escape("out: expected q's dtype torch.bfloat16, got torch.float32")):
+        check_attention_args(q, k, v, out=torch.empty(1, 4, 4, 64))
+
+
+def test_out_on_a_kernel_without_out_support():
+    q, k, v = _qkv()
+    with pytest.raises(NotSupportedError, match=re.escape("no out support (the adapter does not take out=)")):
+        sdpa_math(q, k, v, out=torch.empty_like(q))
+
+
+def test_unsupported_head_dim_for_a_kernel():
+    q, k, v = _qkv(D=96)
+    caps = Capabilities(head_dims=(64, 128, 256, 512), notes={"head_dim": "tiles are powers of two"})
+    with pytest.raises(NotSupportedError, match=re.escape("head dim 96 unsupported (supports [64, 128, 256, 512]) (tiles are powers of two)")):
+        check_attention_args(q, k, v, capabilities=caps)
+
+
+def test_unsupported_feature_names_the_reason():
+    with pytest.raises(NotSupportedError, match=re.escape("no sink support (SDPA has no sink term")):
+        sdpa_math(*_qkv(), sink=torch.zeros(4))
+
+
+def test_merge_lse_shape_and_dtype():
+    o = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ContractError, match=re.escape("parts[1].lse: expected shape (1, 2, 4) (B, H, T), got shape (1, 4, 2)")):
+        check_merge_args([(o, torch.zeros(1, 2, 4)), (o, torch.zeros(1, 4, 2))])
+    with pytest.raises(ContractError, match=re.escape("parts[0].lse: expected float32 on cpu, got torch.float64 on cpu")):
+        check_merge_args([(o, torch.zeros(1, 2, 4, dtype=torch.float64))])
+
+
+def test_merge_sink_shape():
+    o = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ContractError, match=re.escape("sink: expected a float32 tensor of shape (2,), got (3,)")):
+        check_merge_args([(o, torch.zeros(1, 2, 4))], sink=torch.zeros(3))

@@ -1,0 +1,142 @@
+"""Plugging kernels in with --fmha-kernel: a correct one passes the agreement suite; four
+with classic bugs each fail it with a message that names the bug.
+
+The kernels are throwaway plug-in modules written here, not product code.
+"""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+AGREEMENT = str(Path(__file__).resolve().parents[1] / "properties" / "test_agreement.py")
+
+PLUGGED = textwrap.dedent('''
+    import math
+    import torch
+
+    def _attend(q, k, v, scale, causal, window, sink, top_left=False):
+        B, T, H, D = q.shape
+        S, group = k.shape[1], H // k.shape[2]
+        keys = k.float().repeat_interleave(group, 2)
+        values = v.float().repeat_interleave(group, 2)
+        s = torch.einsum("bthd,bshd->bhts", q.float(), keys) * (D ** -0.5 if scale is None else scale)
+        row = torch.arange(T)[:, None] + (0 if top_left else S - T)
+        col = torch.arange(S)[None, :]
+        visible = torch.ones(T, S, dtype=torch.bool)
+        if causal or window:
+            visible &= col <= row
+        if window:
+            visible &= col > row - window
+        s = s.masked_fill(~visible, -math.inf)
+        if sink is not None:
+            s = torch.cat([s, sink.view(1, -1, 1, 1).expand(B, H, T, 1)], dim=-1)
+        m = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+        unnormalized = torch.exp(s - m)
+        row_sum = unnormalized.sum(-1, keepdim=True)
+        p = (unnormalized / row_sum.clamp(min=1e-30))[..., :S]
+        lse = (m + row_sum.log()).squeeze(-1)
+        return p, values, lse, row_sum
+
+    def _finish(o, q, out):
+        o = o.to(q.dtype)
+        if out is None:
+            return o
+        out.copy_(o)
+        return out
+
+    def correct(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        p, values, lse, _ = _attend(q, k, v, scale, causal, window, sink)
+        return _finish(torch.einsum("bhts,bshd->bthd", p, values), q, out), lse
+
+    def top_left(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        p, values, lse, _ = _attend(q, k, v, scale, causal, window, sink, top_left=True)
+        return _finish(torch.einsum("bhts,bshd->bthd", p, values), q, out), lse
+
+    def base2_lse(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        o, lse = correct(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
+        return o, lse / math.log(2)
+
+    def normalize_twice(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        p, values, lse, row_sum = _attend(q, k, v, scale, causal, window, sink)
+        o = torch.einsum("bhts,bshd->bthd", p, values) / row_sum.squeeze(-1).transpose(1, 2)[..., None]
+        return _finish(o, q, out), lse
+
+    def unwritten_row(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        o, lse = correct(q, k, v, scale=scale, causal=causal, window=window, sink=sink)
+        out = torch.empty_like(o) if out is None else out
+        out[:, :-1] = o[:, :-1]  # the last query row is never stored
+        return out, lse
+''')
+
+# One causal GQA prefill with T < S, in bf16: enough to expose each bug.
+CASE = "hd64-T32-S256-gqa4-h8-causal-bf16"
+
+
+@pytest.fixture
+def plugged(pytester):
+    pytester.makepyfile(plugged_kernels=PLUGGED)
+    pytester.syspathinsert()
+    return pytester
+
+
+def _run(pytester, plugin, *args):
+    return pytester.runpytest(AGREEMENT, "-p", "no:cacheprovider", "-p", "no:randomly",
+                              f"--fmha-kernel=plugged_kernels:{plugin}", "--fmha-device=cpu", *args)
+
+
+def test_a_correct_plugged_kernel_passes_every_case(plugged):
+    result = _run(plugged, "correct")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("skipped", 0) == 0, result.stdout.str()[-3000:]
+    assert outcomes["passed"] >= 81
+
+
+@pytest.mark.parametrize(
+    "plugin, named",
+    [
+        ("top_left", "output matches top-left causal alignment"),
+        ("base2_lse", "base-2 LSE"),
+        ("normalize_twice", "normalised twice"),
+        ("unwritten_row", "still hold the NaN poison"),
+    ],
+)
+def test_a_buggy_plugged_kernel_fails_naming_its_bug(plugged, plugin, named):
+    result = _run(plugged, plugin, "-k", CASE)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1, result.stdout.str()[-3000:]
+    assert named in result.stdout.str(), result.stdout.str()[-3000:]
+
+
+def test_an_unknown_kernel_name_is_a_usage_error(plugged):
+    result = plugged.runpytest(AGREEMENT, "--fmha-kernel=no-such-kernel")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unknown name; registered: sdpa-math" in result.stderr.str()
+
+
+def test_a_missing_attribute_is_a_usage_error(plugged):
+    result = plugged.runpytest(AGREEMENT, "--fmha-kernel=plugged_kernels:nope")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "module 'plugged_kernels' has no attribute 'nope'" in result.stderr.str()
+
+
+def test_unsupported_combinations_are_skips_carrying_the_kernels_reason(plugged):
+    plugged.makepyfile(limited_kernels=textwrap.dedent('''
+        from fmha.capabilities import Capabilities
+        from plugged_kernels import correct
+
+        def limited(*args, **kwargs):
+            return correct(*args, **kwargs)
+
+        limited.capabilities = Capabilities(
+            head_dims=(64,), features=frozenset({"causal", "lse"}), notes={"head_dim": "one tile shape"})
+    '''))
+    result = plugged.runpytest(AGREEMENT, "-p", "no:cacheprovider", "-rs",
+                               "--fmha-kernel=limited_kernels:limited", "--fmha-device=cpu")
+    out = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes["passed"] > 0 and outcomes["skipped"] > 0, out[-3000:]
+    assert "limited_kernels:limited: head dim 128 unsupported (supports [64]) (one tile shape)" in out
+    assert "limited_kernels:limited: no gqa support; no sink support" in out
