@@ -124,6 +124,8 @@ def check_attention_args(
             _fail(f"out: expected q's dtype {q.dtype}, got {out.dtype}")
         if out.device != q.device:
             _fail(f"out: expected q's device {q.device}, got {out.device}")
+        if out.numel() and out.stride(-1) != 1:
+            _fail(f"out: expected a contiguous last dim (stride 1), got strides {tuple(out.stride())}")
     problem = Problem(
         batch=B, q_len=T, kv_len=S, heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv,
         dtype=q.dtype, causal=causal or window is not None, window=window,

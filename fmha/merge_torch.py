@@ -21,8 +21,11 @@ def merge(parts, sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.
     total = torch.logsumexp(lses, dim=0)
     # exp(-inf - (-inf)) is NaN; with every part empty each weight must be 0 instead.
     finite_total = torch.where(torch.isneginf(total), torch.zeros_like(total), total)
-    o = sum(torch.exp(lse - finite_total).transpose(1, 2)[..., None] * o.float() for o, lse in parts)
-    return o.to(parts[0][0].dtype), total
+    o = 0
+    for o_i, lse_i in parts:
+        weight = torch.exp(lse_i - finite_total).transpose(1, 2)[..., None]
+        o = o + torch.where(weight > 0, weight * o_i.float(), 0.0)  # an empty part's o may hold NaN
+    return torch.as_tensor(o).to(parts[0][0].dtype), total
 
 
 def add_sink(o: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor | None):

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import importlib
 
+from fmha import merge_torch, triton_attention, triton_merge
 from fmha.adapters import flex, sdpa
 from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
-from fmha import merge_torch
 
-KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*sdpa.ENTRIES, *flex.ENTRIES]}
+KERNELS: dict[str, KernelEntry] = {e.name: e for e in [triton_attention.ENTRY, *sdpa.ENTRIES, *flex.ENTRIES]}
 
 MERGES: dict[str, MergeEntry] = {
-    "torch-merge": MergeEntry("torch-merge", merge_torch.merge, description="eager PyTorch, float32 math"),
+    m.name: m
+    for m in [
+        triton_merge.MERGE_ENTRY,
+        MergeEntry("torch-merge", merge_torch.merge, description="eager PyTorch, float32 math"),
+    ]
 }
 
 

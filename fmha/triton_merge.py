@@ -1,0 +1,100 @@
+"""fmha.merge: the D5 merge of partial attention results as a Triton kernel.
+
+    L = log(sum_i exp(lse_i) + exp(sink));  o = sum_i exp(lse_i - L) * o_i
+
+One program per output row (b, h, t). Parts are combined in fp32 relative to their maximum
+LSE, so no exp overflows; an empty part (lse = -inf) is skipped, not multiplied by 0 (its o
+may hold anything); with every part empty o = 0 and L = -inf (or the sink). Also used by
+fmha.attention to combine its KV splits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fmha.capabilities import MergeEntry
+from fmha.contract import check_merge_args
+from fmha.triton_utils import interpreting, round_for_bf16
+
+
+@triton.jit
+def _merge_kernel(
+    O_PART, LSE_PART, SINK, O, LSE,
+    stride_op, stride_ob, stride_ot, stride_oh,
+    stride_lp, stride_lb, stride_lh,
+    stride_Ob, stride_Ot, stride_Oh,
+    stride_Lb, stride_Lh,
+    NUM_PARTS, HQ, T,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    row = tl.program_id(0)
+    b = row // (HQ * T)
+    h = (row // T) % HQ
+    t = row % T
+    lse_base = LSE_PART + b * stride_lb + h * stride_lh + t
+    o_base = O_PART + b * stride_ob + t * stride_ot + h * stride_oh
+    offs = tl.arange(0, BLOCK_DV)
+    dv_ok = offs < DV
+
+    m = tl.full([], float("-inf"), tl.float32)
+    for i in range(NUM_PARTS):
+        m = tl.maximum(m, tl.load(lse_base + i * stride_lp))
+    if HAS_SINK:
+        sink = tl.load(SINK + h)
+        m = tl.maximum(m, sink)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+
+    total = tl.full([], 0.0, tl.float32)
+    acc = tl.full([BLOCK_DV], 0.0, tl.float32)
+    for i in range(NUM_PARTS):
+        lse_i = tl.load(lse_base + i * stride_lp)
+        if lse_i > float("-inf"):
+            w = tl.exp(lse_i - m_safe)
+            total += w
+            acc += w * tl.load(o_base + i * stride_op + offs, mask=dv_ok, other=0.0).to(tl.float32)
+    if HAS_SINK:
+        total += tl.exp(sink - m_safe)
+    empty = total == 0.0
+    o = acc / tl.where(empty, 1.0, total)
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
+    if ROUND_BF16:
+        o = round_for_bf16(o)
+    tl.store(O + b * stride_Ob + t * stride_Ot + h * stride_Oh + offs, o.to(O.dtype.element_ty), mask=dv_ok)
+    tl.store(LSE + b * stride_Lb + h * stride_Lh + t, lse)
+
+
+def merge_into(o, lse, o_parts, lse_parts, sink=None) -> None:
+    """Merge stacked parts o_parts (P, B, T, H, Dv), lse_parts (P, B, H, T) into o, lse."""
+    P, B, T, H, DV = o_parts.shape
+    if o.numel() == 0:
+        return
+    if sink is not None and sink.device.type == "cpu":
+        sink = sink.contiguous()
+    _merge_kernel[(B * H * T,)](
+        o_parts, lse_parts, sink if sink is not None else lse_parts, o, lse,
+        o_parts.stride(0), o_parts.stride(1), o_parts.stride(2), o_parts.stride(3),
+        lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
+        o.stride(0), o.stride(1), o.stride(2),
+        lse.stride(0), lse.stride(1),
+        P, H, T,
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), HAS_SINK=sink is not None,
+        ROUND_BF16=interpreting() and o.dtype == torch.bfloat16,
+        num_warps=4 if DV >= 256 else 1,
+    )
+
+
+def merge(parts, sink=None):
+    """The contract's merge: parts = [(o_i (B, T, H, Dv), lse_i (B, H, T) float32), ...]."""
+    B, T, H, DV = check_merge_args(parts, sink)
+    dtype, device = parts[0][0].dtype, parts[0][0].device
+    o_parts = torch.stack([o.float() for o, _ in parts])
+    lse_parts = torch.stack([lse for _, lse in parts]).contiguous()
+    o = torch.empty(B, T, H, DV, dtype=dtype, device=device)
+    lse = torch.empty(B, H, T, dtype=torch.float32, device=device)
+    merge_into(o, lse, o_parts, lse_parts, sink)
+    return o, lse
+
+
+MERGE_ENTRY = MergeEntry("triton-merge", merge, description="fmha's Triton D5 merge")
