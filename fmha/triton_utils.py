@@ -1,18 +1,9 @@
-"""Small pieces shared by the Triton kernels.
-
-Importing this module (every fmha Triton kernel does, before it is defined) turns on the
-Triton interpreter on a machine without CUDA, unless TRITON_INTERPRET is already set: there
-the kernels can only run interpreted, and Triton reads the switch when a kernel is defined.
-"""
+"""Small pieces shared by the Triton kernels."""
 
 import os
 
-import torch
 import triton
 import triton.language as tl
-
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def interpreting() -> bool:

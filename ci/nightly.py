@@ -1,0 +1,181 @@
+"""The nightly gate: every kernel on the 72-config grid must reach cosine >= 0.999998.
+
+    python -m ci.nightly [--fmha-kernel NAME|module:attr ...] [--out DIR] [--seeds N]
+
+For each kernel (selected as in pytest; registry defaults otherwise) it runs the grid x
+layouts (MHA, MQA with K = V) x distributions (normal, peaky, flat) x seeds against the
+float64 oracle and records global and worst-row cosine, error ratio and LSE error. The gate
+is the global cosine of every run. Writes DIR/results.json (atomically) and DIR/summary.md,
+compares with the previous DIR/results.json and lists what got worse; exits 1 when any run
+is below the gate. On a machine without CUDA it runs a reduced slice through the Triton
+interpreter (every head dim, decode shapes) so the command works anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from fmha import registry
+from fmha.problem import DTYPE_NAMES
+from oracles.check import judge_run, run_kernel
+from oracles.inputs import make_inputs
+from properties.grid import GRID, grid_id, grid_problem
+
+GATE = 0.999998
+LAYOUTS = ("mha", "mqa")
+DISTRIBUTIONS = ("normal", "peaky", "flat")
+# CPU slice: every head dim, decode shapes, the boundary configs.
+CPU_SLICE = {(1, 128), (4, 128), (1, 100), (4, 640)}
+
+
+def run_gate(kernels, device: str, seeds: int, configs, progress=True) -> list[dict]:
+    records = []
+    total = len(kernels) * len(configs) * len(LAYOUTS) * len(DISTRIBUTIONS) * seeds
+    done = 0
+    for kernel in kernels:
+        for config in configs:
+            for layout in LAYOUTS:
+                problem = grid_problem(config, layout)
+                reasons = kernel.not_supported_reasons(problem, device)
+                for distribution in DISTRIBUTIONS:
+                    for seed in range(seeds):
+                        done += 1
+                        record = dict(kernel=kernel.name, config=config.id, case=grid_id(config, layout),
+                                      head_dim=config.head_dim, q_len=config.q_len, kv_len=config.kv_len,
+                                      layout=layout, distribution=distribution, seed=seed,
+                                      dtype=DTYPE_NAMES[problem.dtype])
+                        if reasons:
+                            record["skipped"] = "; ".join(reasons)
+                        else:
+                            inputs = make_inputs(problem, distribution, seed, device)
+                            m = judge_run(run_kernel(kernel, problem, inputs)).metrics
+                            record.update(cos=m.cos, worst_row_cos=m.worst_row_cos, error_ratio=m.error_ratio,
+                                          lse_err=m.lse_max_err, passed=m.cos >= GATE)
+                        records.append(record)
+                        if progress:
+                            _progress(done, total, kernel.name, record["case"])
+    if progress:
+        print(file=sys.stderr)
+    return records
+
+
+def _progress(done: int, total: int, kernel: str, case: str) -> None:
+    width = 30
+    filled = width * done // total
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {kernel} {case:<24}")
+    sys.stderr.flush()
+
+
+def summarize(records: list[dict], previous: list[dict] | None, header: str) -> tuple[str, bool]:
+    by_kernel = defaultdict(list)
+    for r in records:
+        by_kernel[r["kernel"]].append(r)
+    lines = [header, "", f"Gate: global cosine >= {GATE} against the float64 oracle, every run.", ""]
+    lines += ["| kernel | configs at gate | runs | skipped | cos min | cos median |", "|---|---|---|---|---|---|"]
+    failing_lines = []
+    any_fail = False
+    for kernel, rs in by_kernel.items():
+        ran = [r for r in rs if "cos" in r]
+        configs = {r["config"] for r in rs}
+        config_ok = {c for c in configs if all(r.get("passed") for r in rs if r["config"] == c and "cos" in r)
+                     and any("cos" in r for r in rs if r["config"] == c)}
+        cos = [r["cos"] for r in ran]
+        lines.append(f"| {kernel} | {len(config_ok)}/{len(configs)} | {len(ran)} | {len(rs) - len(ran)} | "
+                     f"{min(cos):.7f} | {statistics.median(cos):.7f} |" if cos else
+                     f"| {kernel} | 0/{len(configs)} | 0 | {len(rs)} | - | - |")
+        for r in ran:
+            if not r["passed"]:
+                any_fail = True
+                failing_lines.append(f"- {kernel} {r['case']} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}, "
+                                     f"{GATE - r['cos']:.2e} below the gate (worst row {r['worst_row_cos']:.7f})")
+    if failing_lines:
+        lines += ["", f"## Below the gate ({len(failing_lines)} runs)", ""] + failing_lines[:200]
+        if len(failing_lines) > 200:
+            lines.append(f"- ... {len(failing_lines) - 200} more in results.json")
+    skipped = sorted({(r["kernel"], r["case"], r["skipped"]) for r in records if "skipped" in r})
+    if skipped:
+        lines += ["", "## Not run (the kernel's reasons)", ""]
+        lines += [f"- {k} {c}: {why}" for k, c, why in skipped[:100]]
+    if previous is not None:
+        lines += ["", "## Compared with the previous results", ""] + _regressions(records, previous)
+    return "\n".join(lines) + "\n", any_fail
+
+
+def _key(r):
+    return (r["kernel"], r["case"], r["distribution"], r["seed"])
+
+
+def _regressions(records, previous) -> list[str]:
+    before = {_key(r): r for r in previous if "cos" in r}
+    worse = []
+    for r in records:
+        old = before.get(_key(r))
+        if old is None or "cos" not in r:
+            continue
+        if old["passed"] and not r["passed"]:
+            worse.append(f"- {r['kernel']} {r['case']} {r['distribution']} seed {r['seed']}: now below the gate "
+                         f"({old['cos']:.7f} -> {r['cos']:.7f})")
+        elif (1 - r["cos"]) > 1.5 * (1 - old["cos"]) + 1e-9:
+            worse.append(f"- {r['kernel']} {r['case']} {r['distribution']} seed {r['seed']}: 1-cos grew "
+                         f"{1 - old['cos']:.2e} -> {1 - r['cos']:.2e}")
+    return worse or ["- nothing got worse"]
+
+
+def write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fmha-kernel", action="append", default=[], metavar="NAME|module:attr")
+    parser.add_argument("--out", type=Path, default=Path("nightly-report"))
+    parser.add_argument("--seeds", type=int, default=None, help="default: 3 on CUDA, 1 on CPU")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--full-grid", action="store_true", help="on CPU too (slow through the interpreter)")
+    args = parser.parse_args(argv)
+    try:
+        kernels = [registry.resolve_kernel(k) for k in args.fmha_kernel] or registry.default_kernels(args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    reduced = args.device == "cpu" and not args.full_grid
+    configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
+    seeds = args.seeds or (1 if args.device == "cpu" else 3)
+
+    records = run_gate(kernels, args.device, seeds, configs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    previous = json.loads(results_path.read_text())["records"] if results_path.exists() else None
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (Triton interpreter)"
+    header = (f"# Nightly gate, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
+              f"{device_name}, torch {torch.__version__}; {len(configs)} configs"
+              f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} x {', '.join(DISTRIBUTIONS)}"
+              f" x {seeds} seed(s); bf16; B=2, Hq=8, causal.\n\n"
+              f"Command: python -m ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
+    summary, failed = summarize(records, previous, header)
+    write_atomically(results_path, json.dumps(dict(device=device_name, torch=torch.__version__, gate=GATE,
+                                                   records=records), indent=1, default=_json_safe))
+    write_atomically(args.out / "summary.md", summary)
+    print(summary)
+    return 1 if failed else 0
+
+
+def _json_safe(x):
+    return None if isinstance(x, float) and not math.isfinite(x) else str(x)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
