@@ -60,7 +60,9 @@ def _attention_fwd(
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    pid_split = tl.program_id(2)
+    NUM_DV_BLOCKS: tl.constexpr = (DV + BLOCK_DV - 1) // BLOCK_DV
+    pid_split = tl.program_id(2) // NUM_DV_BLOCKS
+    dv0 = (tl.program_id(2) % NUM_DV_BLOCKS) * BLOCK_DV  # this program's slice of the output columns
     HKV = HQ // G
     b = pid_bh // HKV
     kvh = pid_bh % HKV
@@ -85,7 +87,9 @@ def _attention_fwd(
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dv = dv0 + tl.arange(0, BLOCK_DV)
+    if D <= BLOCK_D:  # one head-dim chunk: load q once
+        q_whole = tl.load(q_base + offs_d[None, :], mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
@@ -97,7 +101,10 @@ def _attention_fwd(
         s = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for d0 in tl.static_range(0, D, BLOCK_D):
             d_ok = (d0 + offs_d) < D
-            q = tl.load(q_base + (d0 + offs_d)[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            if D <= BLOCK_D:
+                q = q_whole
+            else:
+                q = tl.load(q_base + (d0 + offs_d)[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
             k = tl.load(
                 k_base + cols[None, :] * stride_ks + (d0 + offs_d)[:, None],
                 mask=col_ok[None, :] & d_ok[:, None], other=0.0,
@@ -168,20 +175,29 @@ def _pv_mode(dtype: torch.dtype) -> int:
     return {torch.bfloat16: 1, torch.float16: 0, torch.float32: 2}[dtype]
 
 
-def _tiles(problem, device_type: str) -> dict:
+# Tile table for Hopper, keyed by max(D, Dv): (BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, warps, stages).
+# Chosen by `python -m fmha.tune` on an H200 (BENCHMARKS.md); BLOCK_DV < Dv splits the output
+# columns across programs (each recomputes QK^T for its slice) to stay within registers.
+GPU_TILES = {
+    64: (128, 64, 64, 64, 8, 3),
+    128: (128, 32, 128, 128, 8, 2),
+    256: (128, 64, 64, 128, 8, 2),
+    512: (64, 32, 64, 128, 4, 2),
+}
+
+
+def _tiles(problem, device_type: str, override: tuple | None = None) -> dict:
     """Tile sizes by head dim and device."""
     D, DV = problem.head_dim, problem.head_dim_v
-    block_d = triton.next_power_of_2(D) if D <= 256 else 128
-    block_dv = triton.next_power_of_2(DV)
-    if device_type == "cpu":  # the interpreter: fewer, larger steps
-        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=triton.next_power_of_2(D), BLOCK_DV=block_dv, num_warps=4, num_stages=1)
-    if max(D, DV) <= 64:
-        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4, num_stages=3)
-    if max(D, DV) <= 128:
-        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=8, num_stages=3)
-    if max(D, DV) <= 256:
-        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=8, num_stages=2)
-    return dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=8, num_stages=2)
+    if device_type == "cpu":  # the interpreter: few, large steps; fp32 math either way
+        block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(DV)
+        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4, num_stages=1)
+    key = next(k for k in sorted(GPU_TILES) if max(D, DV) <= k)
+    m, n, d, dv, warps, stages = override or GPU_TILES[key]
+    if problem.dtype == torch.float32:  # twice the bytes per tile: halve the key tile
+        n, stages = max(16, n // 2), min(stages, 2)
+    return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=min(d, triton.next_power_of_2(D)),
+                BLOCK_DV=min(dv, triton.next_power_of_2(DV)), num_warps=warps, num_stages=stages)
 
 
 @functools.cache
@@ -189,11 +205,10 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _num_splits(problem, row_blocks: int, block_n: int, device: torch.device) -> int:
-    """Split the keys when the (row block, batch, KV head) grid leaves SMs idle."""
+def _num_splits(problem, programs: int, block_n: int, device: torch.device) -> int:
+    """Split the keys when the grid (row blocks x batch x KV heads x Dv blocks) leaves SMs idle."""
     if device.type != "cuda":
         return 1
-    programs = row_blocks * problem.batch * problem.heads_kv
     sms = _sm_count(device.index or 0)
     tiles = triton.cdiv(problem.kv_len, block_n)
     if programs >= sms or tiles < 2:
@@ -204,6 +219,10 @@ def _num_splits(problem, row_blocks: int, block_n: int, device: torch.device) ->
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
     """The contract's attention (see fmha.contract) in one Triton kernel launch (two when
     the keys are split)."""
+    return _attention(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
+
+
+def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, tiles=None):
     problem = check_attention_args(
         q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
         capabilities=ENTRY.capabilities_on(q.device.type),
@@ -217,9 +236,10 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=
     if o.numel() == 0 or lse.numel() == 0:
         return o, lse.fill_(float("-inf"))
 
-    tiles = _tiles(problem, q.device.type)
+    tiles = _tiles(problem, q.device.type, tiles)
     row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
-    splits = _num_splits(problem, row_blocks, tiles["BLOCK_N"], q.device) if S else 1
+    dv_blocks = triton.cdiv(DV, tiles["BLOCK_DV"])
+    splits = _num_splits(problem, row_blocks * B * HKV * dv_blocks, tiles["BLOCK_N"], q.device) if S else 1
     keys_per_split = triton.cdiv(triton.cdiv(max(S, 1), splits), tiles["BLOCK_N"]) * tiles["BLOCK_N"]
     splits = triton.cdiv(max(S, 1), keys_per_split)
     if splits > 1:
@@ -228,7 +248,7 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=
     else:
         target, target_lse = o.unsqueeze(0), lse.unsqueeze(0)
     upcast = interpreting() and q.dtype == torch.bfloat16
-    grid = (row_blocks, B * HKV, splits)
+    grid = (row_blocks, B * HKV, splits * dv_blocks)
     _attention_fwd[grid](
         q, k, v, sink if sink is not None else q, target, target_lse,
         q.stride(0), q.stride(1), q.stride(2),

@@ -1,0 +1,53 @@
+"""Sweep tile configurations of fmha's Triton attention on the GPU; the best go into
+fmha.triton_attention.GPU_TILES.
+
+    python -m fmha.tune [--shape SUBSTRING]
+
+Candidates are (BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages) per head dim;
+each is timed on the benchmark shapes with that head dim (median of CUDA-graph replays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from fmha.bench import GRID_DECODE, SPEED_SHAPES, _inputs, time_us
+from fmha.triton_attention import _attention
+
+CANDIDATES = {
+    64: [(128, 64, 64, 64, 8, 3), (128, 64, 64, 64, 4, 3), (64, 64, 64, 64, 4, 3), (128, 32, 64, 64, 4, 3)],
+    128: [(128, 32, 128, 128, 8, 2), (128, 64, 128, 128, 8, 3), (128, 32, 128, 128, 8, 3),
+          (64, 64, 128, 128, 4, 3), (128, 128, 128, 128, 8, 2), (64, 32, 128, 128, 4, 3), (128, 64, 64, 128, 8, 3)],
+    256: [(128, 64, 64, 128, 8, 2), (64, 64, 64, 128, 4, 2), (128, 32, 128, 128, 8, 2), (64, 32, 64, 256, 8, 2)],
+    512: [(64, 32, 64, 128, 4, 2), (128, 32, 64, 128, 8, 2), (64, 64, 64, 128, 4, 2), (128, 64, 64, 128, 8, 2),
+          (64, 32, 128, 256, 8, 2), (128, 32, 64, 256, 8, 2), (64, 32, 64, 128, 4, 3), (64, 16, 64, 128, 4, 3)],
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="", help="only shapes whose name contains this")
+    args = parser.parse_args(argv)
+    for shape in SPEED_SHAPES + GRID_DECODE:
+        if args.shape not in shape.name or shape.D not in CANDIDATES:
+            continue
+        q, k, v = _inputs(shape)
+        out = torch.empty(shape.B, shape.T, shape.Hq, shape.D, dtype=q.dtype, device="cuda")
+        results = []
+        for tiles in CANDIDATES[shape.D]:
+            try:
+                us = time_us(lambda: _attention(q, k, v, causal=shape.causal, out=out, tiles=tiles))
+            except Exception as e:  # out of shared memory, ...
+                print(f"  {shape.name} {tiles}: {type(e).__name__} {str(e)[:80]}", flush=True)
+                continue
+            results.append((us, tiles))
+        results.sort()
+        print(f"{shape.name}: " + ", ".join(f"{tiles} {us:.1f}µs" for us, tiles in results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
