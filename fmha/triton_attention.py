@@ -179,10 +179,10 @@ def _pv_mode(dtype: torch.dtype) -> int:
 # Chosen by `python -m fmha.tune` on an H200 (BENCHMARKS.md); BLOCK_DV < Dv splits the output
 # columns across programs (each recomputes QK^T for its slice) to stay within registers.
 GPU_TILES = {
-    64: (128, 64, 64, 64, 8, 3),
-    128: (128, 32, 128, 128, 8, 2),
-    256: (128, 64, 64, 128, 8, 2),
-    512: (64, 32, 64, 128, 4, 2),
+    64: (64, 64, 64, 64, 4, 3),
+    128: (64, 64, 128, 128, 4, 3),
+    256: (64, 64, 64, 128, 4, 2),
+    512: (128, 32, 128, 256, 8, 2),
 }
 
 
@@ -211,7 +211,10 @@ def _num_splits(problem, programs: int, block_n: int, device: torch.device) -> i
         return 1
     sms = _sm_count(device.index or 0)
     tiles = triton.cdiv(problem.kv_len, block_n)
-    if programs >= sms or tiles < 2:
+    # Partials cost a round trip of fp32 o through memory: split only when at least half the
+    # SMs would otherwise idle (DSV4 decode, 128 programs on 132 SMs: 63 µs unsplit, 101 µs
+    # split 3 ways; fmha.tune on an H200, 2026-11-29).
+    if 2 * programs > sms or tiles < 2:
         return 1
     return max(1, min(tiles // 2, triton.cdiv(2 * sms, programs)))
 
@@ -222,7 +225,7 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=
     return _attention(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
 
 
-def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, tiles=None):
+def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, tiles=None, splits=None):
     problem = check_attention_args(
         q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
         capabilities=ENTRY.capabilities_on(q.device.type),
@@ -239,7 +242,8 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
     tiles = _tiles(problem, q.device.type, tiles)
     row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
     dv_blocks = triton.cdiv(DV, tiles["BLOCK_DV"])
-    splits = _num_splits(problem, row_blocks * B * HKV * dv_blocks, tiles["BLOCK_N"], q.device) if S else 1
+    if splits is None:
+        splits = _num_splits(problem, row_blocks * B * HKV * dv_blocks, tiles["BLOCK_N"], q.device) if S else 1
     keys_per_split = triton.cdiv(triton.cdiv(max(S, 1), splits), tiles["BLOCK_N"]) * tiles["BLOCK_N"]
     splits = triton.cdiv(max(S, 1), keys_per_split)
     if splits > 1:

@@ -22,30 +22,40 @@ CANDIDATES = {
     128: [(128, 32, 128, 128, 8, 2), (128, 64, 128, 128, 8, 3), (128, 32, 128, 128, 8, 3),
           (64, 64, 128, 128, 4, 3), (128, 128, 128, 128, 8, 2), (64, 32, 128, 128, 4, 3), (128, 64, 64, 128, 8, 3)],
     256: [(128, 64, 64, 128, 8, 2), (64, 64, 64, 128, 4, 2), (128, 32, 128, 128, 8, 2), (64, 32, 64, 256, 8, 2)],
-    512: [(64, 32, 64, 128, 4, 2), (128, 32, 64, 128, 8, 2), (64, 64, 64, 128, 4, 2), (128, 64, 64, 128, 8, 2),
-          (64, 32, 128, 256, 8, 2), (128, 32, 64, 256, 8, 2), (64, 32, 64, 128, 4, 3), (64, 16, 64, 128, 4, 3)],
+    512: [(128, 32, 64, 256, 8, 2), (128, 32, 64, 128, 8, 2), (64, 64, 64, 128, 4, 2), (64, 32, 64, 128, 4, 3),
+          (128, 32, 128, 256, 8, 2), (128, 16, 64, 256, 8, 3), (64, 32, 64, 256, 4, 2), (128, 32, 64, 512, 8, 1)],
 }
 
 
+SPLITS = (None,)  # None: the heuristic; --splits adds fixed counts
+
+
 def main(argv=None) -> int:
+    global SPLITS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="", help="only shapes whose name contains this")
+    parser.add_argument("--splits", type=int, nargs="*", default=[], help="also try these KV split counts")
+    parser.add_argument("--head-dim", type=int, action="append", default=[], help="only these head dims")
     args = parser.parse_args(argv)
+    SPLITS = (None, *args.splits)
+    if args.head_dim:
+        for d in set(CANDIDATES) - set(args.head_dim):
+            del CANDIDATES[d]
     for shape in SPEED_SHAPES + GRID_DECODE:
         if args.shape not in shape.name or shape.D not in CANDIDATES:
             continue
         q, k, v = _inputs(shape)
         out = torch.empty(shape.B, shape.T, shape.Hq, shape.D, dtype=q.dtype, device="cuda")
         results = []
-        for tiles in CANDIDATES[shape.D]:
+        for tiles, splits in [(t, s) for t in CANDIDATES[shape.D] for s in SPLITS]:
             try:
-                us = time_us(lambda: _attention(q, k, v, causal=shape.causal, out=out, tiles=tiles))
+                us = time_us(lambda: _attention(q, k, v, causal=shape.causal, out=out, tiles=tiles, splits=splits))
             except Exception as e:  # out of shared memory, ...
                 print(f"  {shape.name} {tiles}: {type(e).__name__} {str(e)[:80]}", flush=True)
                 continue
-            results.append((us, tiles))
+            results.append((us, tiles, splits))
         results.sort()
-        print(f"{shape.name}: " + ", ".join(f"{tiles} {us:.1f}µs" for us, tiles in results), flush=True)
+        print(f"{shape.name}: " + ", ".join(f"{t} splits={s or 'auto'} {us:.1f}µs" for us, t, s in results), flush=True)
     return 0
 
 
