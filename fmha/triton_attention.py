@@ -208,7 +208,9 @@ def _sm_count(index: int) -> int:
 def _num_splits(problem, programs: int, block_n: int, device: torch.device) -> int:
     """Split the keys when the grid (row blocks x batch x KV heads x Dv blocks) leaves SMs idle."""
     if device.type != "cuda":
-        return 1
+        # Interpreted, speed is moot: split long key ranges in two so the CPU tier runs the
+        # split-and-merge path too.
+        return 2 if triton.cdiv(problem.kv_len, block_n) >= 4 else 1
     sms = _sm_count(device.index or 0)
     tiles = triton.cdiv(problem.kv_len, block_n)
     # Partials cost a round trip of fp32 o through memory: split only when at least half the
