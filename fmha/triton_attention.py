@@ -194,8 +194,8 @@ def _tiles(problem, device_type: str, override: tuple | None = None) -> dict:
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4, num_stages=1)
     key = next(k for k in sorted(GPU_TILES) if max(D, DV) <= k)
     m, n, d, dv, warps, stages = override or GPU_TILES[key]
-    if problem.dtype == torch.float32:  # twice the bytes per tile: halve the key tile
-        n, stages = max(16, n // 2), min(stages, 2)
+    if problem.dtype == torch.float32:  # twice the bytes per element: smaller tiles
+        m, n, d, dv, stages = min(m, 64), min(n, 32), min(d, 64), min(dv, 128), min(stages, 2)
     return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=min(d, triton.next_power_of_2(D)),
                 BLOCK_DV=min(dv, triton.next_power_of_2(DV)), num_warps=warps, num_stages=stages)
 
