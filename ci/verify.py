@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         print("| kernel | dtype | runs | " + " | ".join(WORST) + " |")
         print("|---" * (3 + len(WORST)) + "|")
         for (name, dtype), row in worst.items():
-            cells = " | ".join(f"{v:.3g}" for v, _ in row.values())
+            cells = " | ".join(f"{v:.3g}" if v > -math.inf else "—" for v, _ in row.values())
             print(f"| {name} | {DTYPE_NAMES[dtype]} | {counts[(name, dtype)]['passed'] + counts[(name, dtype)]['failed']} | {cells} |")
         print("\nWhere each worst value came from:")
         for (name, dtype), row in worst.items():

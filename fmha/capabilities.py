@@ -54,7 +54,7 @@ class Capabilities:
             names = ", ".join(DTYPE_NAMES[d] for d in self.dtypes)
             reasons.append(self._why("dtype", f"dtype {DTYPE_NAMES[problem.dtype]} unsupported (supports {names})"))
         if self.head_dims is not None and problem.head_dim not in self.head_dims:
-            reasons.append(self._why("head_dim", f"head dim {problem.head_dim} unsupported (supports {list(self.head_dims)})"))
+            reasons.append(self._why("head_dim", f"head dim {problem.head_dim} unsupported (supports {_span(self.head_dims)})"))
         if self.head_dims is not None and problem.head_dim_v != problem.head_dim and problem.head_dim_v not in self.head_dims:
             reasons.append(self._why("head_dim", f"head dim v {problem.head_dim_v} unsupported"))
         if not self.split_head_dim_v and problem.head_dim_v != problem.head_dim:
@@ -69,6 +69,14 @@ class Capabilities:
         if problem.has_empty_rows and not self.empty_rows:
             reasons.append(self._why("empty_rows", "rows with no visible key (causal, T > S) unsupported"))
         return reasons
+
+
+def _span(values: tuple[int, ...]) -> str:
+    """[64, 128] as is; an evenly spaced run as 'multiples of 8 from 8 to 256'."""
+    steps = {b - a for a, b in zip(values, values[1:])}
+    if len(values) > 4 and len(steps) == 1:
+        return f"multiples of {steps.pop()} from {values[0]} to {values[-1]}"
+    return str(list(values))
 
 
 FULL_CONTRACT = Capabilities()

@@ -123,10 +123,13 @@ def measure(
     row_ref = O.norm(dim=-1)
     row_out = x.norm(dim=-1)
     row_dot = (x * O).sum(dim=-1)
-    empty_row = row_ref == 0
+    # A row below the dtype's smallest normal (nothing visible, or a sink that takes all the
+    # weight) is right when the output row is that small too.
+    tiny = torch.finfo(dtype).tiny
+    empty_row = row_ref < tiny
     row_cos = torch.where(
         empty_row,
-        (row_out == 0).double(),
+        (row_out < tiny).double(),
         row_dot / torch.clamp(row_ref * row_out, min=1e-300),
     )
     worst_cos, worst_cos_at = _argmax(-row_cos)
