@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--full-grid", action="store_true", help="on CPU too (slow through the interpreter)")
     args = parser.parse_args(argv)
     try:
-        kernels = [registry.resolve_kernel(k) for k in args.fmha_kernel] or registry.default_kernels(args.device)
+        kernels = registry.selected_kernels(args.fmha_kernel, args.device)
     except ValueError as e:
         parser.error(str(e))
     reduced = args.device == "cpu" and not args.full_grid

@@ -47,12 +47,12 @@ def pytest_configure(config):
     if device == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--fmha-device cuda: CUDA is not available on this machine")
     try:
-        kernels = [registry.resolve_kernel(s) for s in config.getoption("--fmha-kernel")]
+        kernels = registry.selected_kernels(config.getoption("--fmha-kernel"), device)
         merges = [registry.resolve_merge(s) for s in config.getoption("--fmha-merge")]
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
     config.fmha_device = device
-    config.fmha_kernels = kernels or registry.default_kernels(device)
+    config.fmha_kernels = kernels
     config.fmha_merges = merges or list(registry.MERGES.values())
 
 

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calibrate", action="store_true", help="print the worst value of each gated metric")
     args = parser.parse_args(argv)
     try:
-        kernels = [registry.resolve_kernel(k) for k in args.fmha_kernel] or registry.default_kernels(args.device)
+        kernels = registry.selected_kernels(args.fmha_kernel, args.device)
     except ValueError as e:
         parser.error(str(e))
 

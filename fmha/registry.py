@@ -48,34 +48,34 @@ def _import(spec: str, what: str):
         raise ValueError(f"--fmha-{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-def resolve_kernel(spec: str) -> KernelEntry:
-    if spec in KERNELS:
-        return KERNELS[spec]
+def _resolve(spec: str, what: str, table: dict, entry_type: type, wrap):
+    if spec in table:
+        return table[spec]
     if ":" not in spec:
-        raise ValueError(f"--fmha-kernel {spec!r}: unknown name; registered: {', '.join(KERNELS)}; "
+        raise ValueError(f"--fmha-{what} {spec!r}: unknown name; registered: {', '.join(table)}; "
                          "or give 'package.module:attr'")
-    obj = _import(spec, "kernel")
-    if isinstance(obj, KernelEntry):
+    obj = _import(spec, what)
+    if isinstance(obj, entry_type):
         return obj
     if not callable(obj):
-        raise ValueError(f"--fmha-kernel {spec!r}: {type(obj).__name__} is not callable")
-    return KernelEntry(name=spec, fn=obj, capabilities=getattr(obj, "capabilities", FULL_CONTRACT))
+        raise ValueError(f"--fmha-{what} {spec!r}: {type(obj).__name__} is not callable")
+    return wrap(spec, obj)
+
+
+def resolve_kernel(spec: str) -> KernelEntry:
+    return _resolve(spec, "kernel", KERNELS, KernelEntry, lambda name, fn: KernelEntry(
+        name=name, fn=fn, capabilities=getattr(fn, "capabilities", FULL_CONTRACT)))
 
 
 def resolve_merge(spec: str) -> MergeEntry:
-    if spec in MERGES:
-        return MERGES[spec]
-    if ":" not in spec:
-        raise ValueError(f"--fmha-merge {spec!r}: unknown name; registered: {', '.join(MERGES)}; "
-                         "or give 'package.module:attr'")
-    obj = _import(spec, "merge")
-    if isinstance(obj, MergeEntry):
-        return obj
-    if not callable(obj):
-        raise ValueError(f"--fmha-merge {spec!r}: {type(obj).__name__} is not callable")
-    return MergeEntry(name=spec, fn=obj)
+    return _resolve(spec, "merge", MERGES, MergeEntry, lambda name, fn: MergeEntry(name=name, fn=fn))
 
 
 def default_kernels(device: str) -> list[KernelEntry]:
     """What runs when no --fmha-kernel is given: every entry that runs on `device` by default."""
     return [e for e in KERNELS.values() if device in e.default_devices and device in e.capabilities_on(device).devices]
+
+
+def selected_kernels(specs: list[str], device: str) -> list[KernelEntry]:
+    """The kernels named by --fmha-kernel options, or the defaults for the device."""
+    return [resolve_kernel(s) for s in specs] or default_kernels(device)

@@ -36,8 +36,7 @@ from fmha.contract import check_attention_args
 from fmha.triton_merge import merge_into
 from fmha.triton_utils import interpreting, round_for_bf16
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # the kernel works in base 2; inside it the literals carry the names
 
 HEAD_DIMS = tuple(range(16, 513, 16))
 
@@ -54,7 +53,7 @@ def _attention_fwd(
     D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_SINK: tl.constexpr,
-    SPLIT: tl.constexpr, SHARED_KV: tl.constexpr,
+    SPLIT: tl.constexpr,
     PV_MODE: tl.constexpr,  # 0: one MMA in the input dtype, 1: bf16 hi + lo, 2: fp32
     UPCAST: tl.constexpr,  # interpreter: compute in fp32
 ):
@@ -151,7 +150,7 @@ def _attention_fwd(
     if HAS_SINK:
         # The sink joins the denominator (never a value); take the max with it first so a
         # large sink cannot overflow exp2.
-        sink = tl.load(SINK + h, mask=row_ok, other=0.0) * 1.4426950408889634
+        sink = tl.load(SINK + h, mask=row_ok, other=0.0) * 1.4426950408889634  # log2(e)
         m_final = tl.maximum(m_i, sink)
         scale_old = tl.exp2(m_i - m_final)
         l_i = l_i * scale_old + tl.exp2(sink - m_final)
@@ -160,7 +159,7 @@ def _attention_fwd(
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)  # ln(2)
 
     # With SPLIT, O and LSE are the fp32 partials (splits, B, T, HQ, DV) and (splits, B, HQ, T).
     o_ptrs = O + pid_split * stride_os + b * stride_ob + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_dv[None, :]
@@ -189,8 +188,10 @@ GPU_TILES = {
 def _tiles(problem, device_type: str, override: tuple | None = None) -> dict:
     """Tile sizes by head dim and device."""
     D, DV = problem.head_dim, problem.head_dim_v
-    if device_type == "cpu":  # the interpreter: few, large steps; fp32 math either way
-        block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(DV)
+    if device_type == "cpu":
+        # The interpreter: few, large steps, but head dims above 128 still go in chunks and
+        # Dv above 256 across programs, so the CPU tier runs the hd512 code paths.
+        block_d, block_dv = min(triton.next_power_of_2(D), 128), min(triton.next_power_of_2(DV), 256)
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4, num_stages=1)
     key = next(k for k in sorted(GPU_TILES) if max(D, DV) <= k)
     m, n, d, dv, warps, stages = override or GPU_TILES[key]
@@ -264,7 +265,7 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
         target_lse.stride(0), target_lse.stride(1), target_lse.stride(2),
         T, S, HQ, G, window or 0, scale * LOG2E, keys_per_split,
         D=D, DV=DV, CAUSAL=problem.causal, WINDOWED=window is not None,
-        HAS_SINK=sink is not None and splits == 1, SPLIT=splits > 1, SHARED_KV=k is v,
+        HAS_SINK=sink is not None and splits == 1, SPLIT=splits > 1,
         PV_MODE=_pv_mode(q.dtype), UPCAST=upcast,
         **tiles,
     )
