@@ -18,14 +18,14 @@ Precision of P.V (DESIGN.md: bf16 P costs ~1e-6 of cosine, below the 0.999998 ga
 Under the CPU interpreter bf16 is upcast to fp32 before any arithmetic (Triton interpreter
 issues 11584, 11604), so the same tiling and masking run with fp32 dots.
 
-Split-KV: when B x Hkv x row-blocks cannot fill the GPU, the key range is split across
-programs; each writes a normalised fp32 partial and its LSE, and fmha.triton_merge combines
-them (adding the sink there), exactly as the contract's D5 merge.
+Split-KV: decode-like problems split key ranges longer than 1024 into fixed-size chunks
+across programs; each writes a normalised fp32 partial and its LSE, and fmha.triton_merge
+combines them (adding the sink there), exactly as the contract's D5 merge. The chunk size
+does not depend on the batch, so results are batch-invariant.
 """
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -152,8 +152,9 @@ def _attention_fwd(
         # large sink cannot overflow exp2.
         sink = tl.load(SINK + h, mask=row_ok, other=0.0) * 1.4426950408889634  # log2(e)
         m_final = tl.maximum(m_i, sink)
-        scale_old = tl.exp2(m_i - m_final)
-        l_i = l_i * scale_old + tl.exp2(sink - m_final)
+        m_final_safe = tl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
+        scale_old = tl.exp2(m_i - m_final_safe)
+        l_i = l_i * scale_old + tl.exp2(sink - m_final_safe)
         acc = acc * scale_old[:, None]
         m_i = m_final
 
@@ -201,25 +202,19 @@ def _tiles(problem, device_type: str, override: tuple | None = None) -> dict:
                 BLOCK_DV=min(dv, triton.next_power_of_2(DV)), num_warps=warps, num_stages=stages)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _keys_per_split(problem, device_type: str) -> int:
+    """Split long key ranges of decode-like problems into fixed-size chunks (merged after).
 
-
-def _num_splits(problem, programs: int, block_n: int, device: torch.device) -> int:
-    """Split the keys when the grid (row blocks x batch x KV heads x Dv blocks) leaves SMs idle."""
-    if device.type != "cuda":
-        # Interpreted, speed is moot: split long key ranges in two so the CPU tier runs the
-        # split-and-merge path too.
-        return 2 if triton.cdiv(problem.kv_len, block_n) >= 4 else 1
-    sms = _sm_count(device.index or 0)
-    tiles = triton.cdiv(problem.kv_len, block_n)
-    # Partials cost a round trip of fp32 o through memory: split only when at least half the
-    # SMs would otherwise idle (DSV4 decode, 128 programs on 132 SMs: 63 µs unsplit, 101 µs
-    # split 3 ways; fmha.tune on an H200, 2026-11-29).
-    if 2 * programs > sms or tiles < 2:
-        return 1
-    return max(1, min(tiles // 2, triton.cdiv(2 * sms, programs)))
+    The chunk size never depends on the batch size or the number of heads, so a row's
+    arithmetic does not either: a batch row computed alone equals the same row in a batch,
+    bitwise. On an H200 splitting DSV4 decode (S = 640) lost (63 µs unsplit, 87-129 µs in
+    2-5 splits, fmha.tune 2026-11-29), so only ranges past 1024 keys are split. Interpreted,
+    speed is moot: chunks of 256 keys make the CPU tier run the split-and-merge path.
+    """
+    if device_type != "cuda":
+        return 256
+    decode_like = problem.q_len * problem.group <= 128
+    return 1024 if decode_like else max(problem.kv_len, 1)
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
@@ -245,9 +240,8 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
     tiles = _tiles(problem, q.device.type, tiles)
     row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
     dv_blocks = triton.cdiv(DV, tiles["BLOCK_DV"])
-    if splits is None:
-        splits = _num_splits(problem, row_blocks * B * HKV * dv_blocks, tiles["BLOCK_N"], q.device) if S else 1
-    keys_per_split = triton.cdiv(triton.cdiv(max(S, 1), splits), tiles["BLOCK_N"]) * tiles["BLOCK_N"]
+    keys_per_split = _keys_per_split(problem, q.device.type) if splits is None else triton.cdiv(max(S, 1), splits)
+    keys_per_split = triton.cdiv(keys_per_split, tiles["BLOCK_N"]) * tiles["BLOCK_N"]
     splits = triton.cdiv(max(S, 1), keys_per_split)
     if splits > 1:
         target = torch.empty(splits, B, T, HQ, DV, dtype=torch.float32, device=q.device)
