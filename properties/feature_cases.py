@@ -4,8 +4,6 @@ Each case is here for a reason (the comment); the 72-config grid and the random 
 live beside it and go wider.
 """
 
-import torch
-
 from fmha.problem import DTYPE_NAMES, Problem
 
 FEATURE_CASES = [

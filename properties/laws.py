@@ -16,6 +16,7 @@ from hypothesis import assume, example, given, note
 from fmha.capabilities import KernelEntry
 from oracles import reference
 from oracles.check import judge_run, run_kernel, visible_logit_rms
+from oracles.inputs import Inputs
 from oracles.metrics import measure
 from oracles.verdict import judge
 from properties.strategies import Case, build_inputs
@@ -141,7 +142,6 @@ def gqa_equals_mha_with_repeated_kv(kernel, case: Case, device):
 
 def k_is_v_equals_copies(kernel, case: Case, device):
     case = _variant(kernel, case, device, shared_kv=True)
-    p = case.problem
     x = build_inputs(case, device)
     o_copy, _ = _call(kernel, case, x, v=x.k.clone())
     o_same, _ = _call(kernel, case, x, v=x.k)
