@@ -13,7 +13,6 @@ interpreter (every head dim, decode shapes) so the command works anywhere.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from fmha import registry
+from ci.cli import kernel_parser, selected_kernels
 from fmha.problem import DTYPE_NAMES
 from oracles.check import judge_run, run_kernel
 from oracles.inputs import make_inputs
@@ -140,17 +139,12 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fmha-kernel", action="append", default=[], metavar="NAME|module:attr")
+    parser = kernel_parser(__doc__)
     parser.add_argument("--out", type=Path, default=Path("nightly-report"))
     parser.add_argument("--seeds", type=int, default=None, help="default: 3 on CUDA, 1 on CPU")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--full-grid", action="store_true", help="on CPU too (slow through the interpreter)")
     args = parser.parse_args(argv)
-    try:
-        kernels = registry.selected_kernels(args.fmha_kernel, args.device)
-    except ValueError as e:
-        parser.error(str(e))
+    kernels = selected_kernels(parser, args)
     reduced = args.device == "cpu" and not args.full_grid
     configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
     seeds = args.seeds or (1 if args.device == "cpu" else 3)

@@ -12,7 +12,6 @@ oracles/CALIBRATION.md).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import math
 import sys
@@ -20,7 +19,7 @@ from collections import defaultdict
 
 import torch
 
-from fmha import registry
+from ci.cli import kernel_parser, selected_kernels
 from fmha.problem import DTYPE_NAMES
 from oracles.check import judge_run, run_kernel
 from oracles.inputs import DISTRIBUTIONS, make_inputs
@@ -38,16 +37,11 @@ WORST = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fmha-kernel", action="append", default=[], metavar="NAME|module:attr")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = kernel_parser(__doc__)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--calibrate", action="store_true", help="print the worst value of each gated metric")
     args = parser.parse_args(argv)
-    try:
-        kernels = registry.selected_kernels(args.fmha_kernel, args.device)
-    except ValueError as e:
-        parser.error(str(e))
+    kernels = selected_kernels(parser, args)
 
     worst: dict = defaultdict(lambda: {c: (-math.inf, "") for c in WORST})
     counts: dict = defaultdict(lambda: defaultdict(int))

@@ -20,21 +20,21 @@ from oracles.verdict import Tolerance, Verdict, judge
 
 # Quiet NaNs with a payload: a NaN a kernel computes (0/0, inf - inf) is the canonical one.
 POISON_BITS = {torch.bfloat16: 0x7FD5, torch.float16: 0x7E55, torch.float32: 0x7FC05A5A}
-_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 
 def _signed(bits: int, dtype: torch.dtype) -> int:
-    width = 16 if _INT_VIEW[dtype] == torch.int16 else 32
+    width = 16 if INT_VIEW[dtype] == torch.int16 else 32
     return bits - (1 << width) if bits >= 1 << (width - 1) else bits
 
 
 def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    bits = torch.full(shape, _signed(POISON_BITS[dtype], dtype), dtype=_INT_VIEW[dtype], device=device)
+    bits = torch.full(shape, _signed(POISON_BITS[dtype], dtype), dtype=INT_VIEW[dtype], device=device)
     return bits.view(dtype)
 
 
 def still_poisoned(t: torch.Tensor) -> torch.Tensor:
-    return t.view(_INT_VIEW[t.dtype]) == _signed(POISON_BITS[t.dtype], t.dtype)
+    return t.view(INT_VIEW[t.dtype]) == _signed(POISON_BITS[t.dtype], t.dtype)
 
 
 @dataclass
@@ -72,7 +72,7 @@ def visible_logit_rms(problem: Problem, x: Inputs) -> float:
 
 def judge_run(run: Run, tolerance: Tolerance | None = None) -> Verdict:
     x = run.inputs
-    kwargs = dict(scale=x.scale, causal=run.problem.causal, window=run.problem.window, sink=x.sink)
+    kwargs = x.kwargs(run.problem)
     oracle_o, oracle_lse = reference.attention(x.q, x.k, x.v, **kwargs)
     oracle_abs, _ = reference.attention(x.q, x.k, x.v.abs(), **kwargs)
     metrics = measure(run.o, oracle_o, run.lse, oracle_lse, run.unwritten, visible_logit_rms(run.problem, x), oracle_abs)

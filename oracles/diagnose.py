@@ -26,9 +26,7 @@ def _top_left_causal(problem: Problem, x: Inputs):
 
 
 def _call(problem: Problem, x: Inputs, **changes):
-    kwargs = dict(scale=x.scale, causal=problem.causal, window=problem.window, sink=x.sink)
-    kwargs.update(changes)
-    return reference.attention(x.q, x.k, x.v, **kwargs)[0]
+    return reference.attention(x.q, x.k, x.v, **{**x.kwargs(problem), **changes})[0]
 
 
 # description -> (applies to this problem?, wrong reference)

@@ -88,11 +88,12 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
     return wide[:, :, ::2]
 
 
-def _sliced(t: torch.Tensor, fill: float = float("nan")) -> torch.Tensor:
-    """The same values as the first S rows of a longer buffer whose tail holds `fill`."""
+def sliced(t: torch.Tensor, fill: float = float("nan"), hidden: int = 0) -> torch.Tensor:
+    """The same values as the first S rows of a longer buffer whose tail holds `fill`; with
+    `hidden`, the first `hidden` rows hold `fill` too."""
     B, S, H, D = t.shape
     long = torch.full((B, S + 67, H, D), fill, dtype=t.dtype, device=t.device)
-    long[:, :S] = t
+    long[:, hidden:S] = t[:, hidden:]
     return long[:, :S]
 
 
@@ -100,7 +101,7 @@ def build_inputs(case: Case, device: str, tail_fill: float = float("nan")) -> In
     x = make_inputs(case.problem, case.distribution, case.seed, device)
     if case.storage == "contiguous":
         return x
-    restride = _strided if case.storage == "strided" else (lambda t: _sliced(t, tail_fill))
+    restride = _strided if case.storage == "strided" else (lambda t: sliced(t, tail_fill))
     q = _strided(x.q) if case.storage == "strided" else x.q
     k = restride(x.k)
     v = k if case.problem.shared_kv else restride(x.v)
