@@ -5,9 +5,9 @@
 For each kernel (selected as in pytest; registry defaults otherwise) it runs the grid x
 layouts (MHA, MQA with K = V) x distributions (normal, peaky, flat) x seeds against the
 float64 oracle and records global and worst-row cosine, error ratio and LSE error. The gate
-is the global cosine of every run. Writes DIR/results.json (atomically) and DIR/summary.md,
-compares with the previous DIR/results.json and lists what got worse; exits 1 when any run
-is below the gate. On a machine without CUDA it runs a reduced slice through the Triton
+is the global cosine of every run. Writes DIR/results.json (atomically), DIR/summary.md and
+DIR/index.html with a heatmap per kernel (DIR/heatmap-<kernel>.png), compares with the
+previous DIR/results.json and lists what got worse; exits 1 when any run is below the gate. On a machine without CUDA it runs a reduced slice through the Triton
 interpreter (every head dim, decode shapes) so the command works anywhere.
 """
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ci.cli import kernel_parser, selected_kernels
+from ci.report_html import write_page
 from fmha.problem import DTYPE_NAMES
 from oracles.check import judge_run, run_kernel
 from oracles.inputs import make_inputs
@@ -143,7 +144,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("nightly-report"))
     parser.add_argument("--seeds", type=int, default=None, help="default: 3 on CUDA, 1 on CPU")
     parser.add_argument("--full-grid", action="store_true", help="on CPU too (slow through the interpreter)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only re-render summary.md and index.html from DIR/results.json")
     args = parser.parse_args(argv)
+    if args.report_only:
+        saved = json.loads((args.out / "results.json").read_text())
+        return _report(saved["records"], None, saved["header"], args.out)
     kernels = selected_kernels(parser, args)
     reduced = args.device == "cpu" and not args.full_grid
     configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
@@ -159,11 +165,17 @@ def main(argv=None) -> int:
               f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} x {', '.join(DISTRIBUTIONS)}"
               f" x {seeds} seed(s); bf16; B=2, Hq=8, causal.\n\n"
               f"Command: python -m ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
-    summary, failed = summarize(records, previous, header)
     write_atomically(results_path, json.dumps(dict(device=device_name, torch=torch.__version__, gate=GATE,
-                                                   records=records), indent=1, default=_json_safe))
-    write_atomically(args.out / "summary.md", summary)
+                                                   header=header, records=records), indent=1, default=_json_safe))
+    return _report(records, previous, header, args.out)
+
+
+def _report(records: list[dict], previous: list[dict] | None, header: str, out: Path) -> int:
+    summary, failed = summarize(records, previous, header)
+    write_atomically(out / "summary.md", summary)
+    page = write_page(records, GATE, header.splitlines(), out)
     print(summary)
+    print(f"report: {page}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -110,11 +110,14 @@ def pytest_collection_modifyitems(config, items):
             reasons = params["merge_kernel"].not_supported_reasons(device)
             if reasons:
                 item.add_marker(pytest.mark.skip(reason=f"{params['merge_kernel'].name}: {'; '.join(reasons)}"))
-        kernel, problem = params.get("kernel"), params.get("problem")
+        kernel = params.get("kernel")
+        problem = params.get("problem") or getattr(params.get("case"), "problem", None)
         if kernel is not None:
-            record = known_failure(kernel.name, item.originalname, device)
+            record = known_failure(kernel.name, item.originalname, device, item.callspec.id)
             if record:
-                item.add_marker(pytest.mark.xfail(strict=True, reason=f"known failure ({record.issue}): {record.reason}"))
+                item.add_marker(pytest.mark.xfail(strict=True, run=not record.quarantine,
+                                                  reason=f"known failure ({record.issue}): {record.reason}"
+                                                  + (" [quarantined: not launched]" if record.quarantine else "")))
         if kernel is None or not isinstance(problem, Problem):
             continue
         needs = [f for marker in item.iter_markers("fmha_needs") for f in marker.args]

@@ -41,6 +41,7 @@ class Metrics:
     lse_max_err_at: tuple | None = None
     lse_inf_mismatch: int = 0  # -inf in one of kernel/oracle but not the other
     lse_scale: float | None = None  # least-squares slope of kernel lse against oracle lse
+    elements: int = 0  # output elements measured: the sample the RMS statistics come from
 
     def summary(self) -> str:
         line = (
@@ -153,7 +154,7 @@ def measure(
         rel_l2=rel_l2, output_floor=output_floor, floor=floor, error_ratio=error_ratio, magnitude=magnitude,
         worst_row_err=worst_row_err, worst_row_err_at=worst_row_err_at,
         max_ulp=max_ulp, max_ulp_at=max_ulp_at, nonfinite=nonfinite, nonfinite_at=nonfinite_at,
-        unwritten=int(unwritten.sum()), unwritten_rows=unwritten_rows,
+        unwritten=int(unwritten.sum()), unwritten_rows=unwritten_rows, elements=x.numel(),
     )
     if lse is not None and oracle_lse is not None:
         _measure_lse(metrics, lse.double(), oracle_lse.double())

@@ -55,10 +55,25 @@ class Verdict:
         return "\n".join(lines)
 
 
+# The RMS checks (cosine, error ratio, magnitude) compare sample statistics with a floor
+# measured on the same sample. Below this many output elements one element off by an ulp
+# moves them past thresholds calibrated on larger outputs (CPU SDPA flash, one 16-element
+# row: 3.24x the floor with its worst element 1.2 ulp off, 2026-11-29), so their allowance
+# widens by sqrt(SMALL_SAMPLE / n); the per-element and per-row checks do not widen.
+SMALL_SAMPLE = 64
+
+
+def small_sample_factor(elements: int) -> float:
+    return max(1.0, math.sqrt(SMALL_SAMPLE / max(elements, 1)))
+
+
 def judge(metrics: Metrics, tolerance: Tolerance | None = None) -> Verdict:
     """Check every metric against the dtype's tolerance; failures say what, where, how much."""
     t = tolerance or TOLERANCES[metrics.dtype]
     m = metrics
+    widen = small_sample_factor(m.elements)
+    min_cos = 1 - (1 - t.min_cos) * widen**2
+    max_error_ratio = t.max_error_ratio * widen
     v = Verdict(metrics)
     fail = v.failures.append
     dtype = DTYPE_NAMES[m.dtype]
@@ -68,13 +83,14 @@ def judge(metrics: Metrics, tolerance: Tolerance | None = None) -> Verdict:
              f"in {len(m.unwritten_rows)} row(s) (b,t,h) {rows}")
     if m.nonfinite:
         fail(f"non-finite: {m.nonfinite} NaN/Inf element(s) where the oracle is finite, first at (b,t,h,d)={m.nonfinite_at}")
-    if not m.cos >= t.min_cos:
-        fail(f"cosine: {m.cos:.7f} < {t.min_cos} ({dtype})")
-    if not abs(m.magnitude - 1) <= t.max_error_ratio * m.floor:
-        fail(f"magnitude: |o|/|oracle| = {m.magnitude:.6g}, allowed 1 ± {t.max_error_ratio * m.floor:.3g}")
-    if not m.error_ratio <= t.max_error_ratio:
+    small = f" (widened for {m.elements} elements)" if widen > 1 else ""
+    if not m.cos >= min_cos:
+        fail(f"cosine: {m.cos:.7f} < {min_cos:.7g} ({dtype}){small}")
+    if not abs(m.magnitude - 1) <= max_error_ratio * m.floor:
+        fail(f"magnitude: |o|/|oracle| = {m.magnitude:.6g}, allowed 1 ± {max_error_ratio * m.floor:.3g}{small}")
+    if not m.error_ratio <= max_error_ratio:
         fail(f"error: rel-L2 {m.rel_l2:.3g} is {m.error_ratio:.3g}x the {dtype} rounding floor "
-             f"{m.floor:.3g}, allowed {t.max_error_ratio}x")
+             f"{m.floor:.3g}, allowed {max_error_ratio:.3g}x{small}")
     if not m.worst_row_err <= t.max_worst_row_err:
         fail(f"worst row: error at (b,t,h)={m.worst_row_err_at} is {m.worst_row_err:.3g} units of "
              f"{dtype} roundoff relative to the row's scale, allowed {t.max_worst_row_err}")

@@ -21,6 +21,7 @@ from oracles.metrics import measure
 from oracles.verdict import judge
 from properties.strategies import Case, build_inputs, sliced
 
+
 def _call(kernel: KernelEntry, case: Case, x: Inputs, q=None, k=None, v=None, **changes):
     """The kernel on x (or on the q, k, v given instead), with the case's mask and sink."""
     kwargs = {**x.kwargs(case.problem), **changes}
@@ -235,6 +236,24 @@ def window_at_least_s_is_causal(kernel, case: Case, device):
         o_w, lse_w = _call(kernel, case, x, window=window)
         assert_agrees(o_w, o_causal, f"{kernel.name} {case.id}: window={window} vs causal", lse_w, lse_causal,
                       visible_logit_rms(p, x))
+
+
+# Every law that takes a kernel, with the contract features it needs from the kernel
+# (test_laws.py has one test per law; the kill matrix runs them against every mutant).
+KERNEL_LAWS = {
+    agrees_with_oracle: (),
+    invisible_keys_do_not_leak: (),
+    key_permutation_invariant: (),
+    linear_in_v: (),
+    gqa_equals_mha_with_repeated_kv: ("gqa",),
+    k_is_v_equals_copies: ("shared_kv",),
+    batch_rows_independent: (),
+    deterministic: (),
+    decode_row_equals_last_prefill_row: (),
+    minus_infinity_sink_is_no_sink: ("sink",),
+    window_at_least_s_is_causal: ("window", "causal"),
+    split_keys_merge_to_the_whole: ("lse", "sink"),  # also takes a merge
+}
 
 
 # -- driving a law with hypothesis -----------------------------------------------------------

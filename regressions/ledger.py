@@ -2,7 +2,8 @@
 that was decided. Modelled on FlashInfer's fuzz ledger and PyTorch's xfail_strict.
 
 The pytest plugin marks each matching test xfail(strict=True): an unexpected pass fails the
-run and forces the record's removal. A law a third-party kernel breaks is a finding recorded
+run and forces the record's removal. A record with `quarantine` is for a configuration that
+crashes or hangs its process: the test is reported xfail without being launched. A law a third-party kernel breaks is a finding recorded
 here, with its evidence; the law is never weakened.
 """
 
@@ -19,6 +20,8 @@ class KnownFailure:
     issue: str  # where it was decided, e.g. "fmha issue 4"
     devices: tuple[str, ...] = ("cpu", "cuda")
     evidence: str = ""  # the shrunk counterexample or measurement
+    case: str = ""  # part of the test id it is limited to, e.g. "normalize-twice/"; empty: every case
+    quarantine: bool = False  # crashes or hangs: never launched
 
     def __post_init__(self):
         for name in ("kernel", "test", "reason", "issue"):
@@ -52,8 +55,9 @@ LEDGER: tuple[KnownFailure, ...] = (
 )
 
 
-def known_failure(kernel: str, test: str, device: str) -> KnownFailure | None:
+def known_failure(kernel: str, test: str, device: str, case_id: str = "") -> KnownFailure | None:
     for record in LEDGER:
-        if record.kernel == kernel and record.test == test and device in record.devices:
+        if (record.kernel == kernel and record.test == test and device in record.devices
+                and record.case in case_id):
             return record
     return None

@@ -140,3 +140,28 @@ def test_unsupported_combinations_are_skips_carrying_the_kernels_reason(plugged)
     assert outcomes.get("failed", 0) == 0 and outcomes["passed"] > 0 and outcomes["skipped"] > 0, out[-3000:]
     assert "limited_kernels:limited: head dim 128 unsupported (supports [64]) (one tile shape)" in out
     assert "limited_kernels:limited: no gqa support; no sink support" in out
+
+
+TRAPS = str(Path(__file__).resolve().parents[1] / "regressions" / "test_traps.py")
+
+
+def test_a_quarantined_configuration_is_reported_without_being_launched(plugged):
+    """A kernel that kills its process on a case is recorded in the ledger with quarantine:
+    the case is reported xfail and never launched, so the run survives."""
+    plugged.makepyfile(crashing_kernels=textwrap.dedent('''
+        import os
+
+        def aborts(*args, **kwargs):
+            os.abort()
+    '''), quarantine_record=textwrap.dedent('''
+        from regressions import ledger
+
+        ledger.LEDGER += (ledger.KnownFailure(
+            "crashing_kernels:aborts", "test_named_regression_case", "aborts the process", "fmha issue 5",
+            case="missing-scale/", quarantine=True),)
+    '''))
+    result = plugged.runpytest_subprocess(TRAPS, "-p", "no:cacheprovider", "-p", "quarantine_record", "-rx",
+                                          "-k", "missing-scale", "--fmha-kernel=crashing_kernels:aborts",
+                                          "--fmha-device=cpu")
+    result.assert_outcomes(xfailed=2)
+    assert "[quarantined: not launched]" in result.stdout.str()

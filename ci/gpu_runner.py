@@ -1,0 +1,94 @@
+"""GPU runners: one GPU per xdist worker, and a CUDA error that poisons the context costs
+the test that caused it, not every test after it.
+
+- Pinning: under `pytest -n auto` worker gwN runs on GPU N mod (number of GPUs); the GPU
+  index is recorded on every test report (a JUnit XML property).
+- Poisoned context: after a failed test on CUDA the plugin synchronizes and runs a tiny op.
+  If that raises (an illegal memory access leaves the context unusable for the rest of the
+  process), the failure gets a section saying so, and the worker exits once the test's
+  reports are sent: xdist reports the test as having crashed its worker and starts a fresh
+  one, so later tests run in a clean context. Without xdist the session stops with the
+  reason instead of failing every later test for a fault that is not theirs.
+- Hangs: a kernel that never returns blocks inside a CUDA call where no signal reaches
+  Python; run GPU jobs with `--timeout N --timeout-method thread`, which ends the worker
+  process and lets xdist replace it the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+POISONED_SECTION = "fmha: CUDA context"
+WORKER_EXIT_CODE = 3
+
+
+def cuda_context_error() -> str | None:
+    """None when the current CUDA context still works, else the error it raises."""
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).cpu()
+    except Exception as e:  # noqa: BLE001 -- any error here means the context is unusable
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after ci.plugin has chosen the device
+def pytest_configure(config):
+    config.fmha_gpu = None
+    workerinput = getattr(config, "workerinput", None)
+    if config.fmha_device == "cuda" and workerinput is not None:
+        config.fmha_gpu = int(workerinput["workerid"].removeprefix("gw")) % torch.cuda.device_count()
+        torch.cuda.set_device(config.fmha_gpu)
+
+
+def pytest_runtest_setup(item):
+    if item.config.fmha_gpu is not None:
+        item.user_properties.append(("gpu", item.config.fmha_gpu))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.failed or item.config.fmha_device != "cuda":
+        return
+    error = cuda_context_error()
+    if error:
+        in_worker = hasattr(item.config, "workerinput")
+        then = ("this xdist worker exits after reporting it and a fresh worker runs the remaining tests"
+                if in_worker else "the session stops: later tests cannot run in this process (use pytest -n)")
+        report.sections.append((POISONED_SECTION, f"this test left the CUDA context unusable ({error}); {then}"))
+        item.fmha_poisoned = error
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield  # every report of the item has been sent by now
+    error = getattr(item, "fmha_poisoned", None)
+    if not error:
+        return
+    if hasattr(item.config, "workerinput"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(WORKER_EXIT_CODE)
+    item.session.shouldstop = f"CUDA context poisoned by {item.nodeid}: {error}"
+
+
+_POISONED_BY: set[str] = set()  # on the xdist controller: tests whose failure poisoned a worker
+
+
+def pytest_runtest_logreport(report):
+    if any(title == POISONED_SECTION for title, _ in report.sections):
+        _POISONED_BY.add(report.nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """xdist, on the controller: say why the worker went down."""
+    if crashitem in _POISONED_BY:
+        report.longrepr = (f"{report.longrepr}: the worker exited on purpose after this test poisoned the "
+                           "CUDA context (its failure is reported above); a fresh worker took over")

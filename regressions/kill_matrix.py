@@ -1,0 +1,150 @@
+"""The kill matrix: which checks catch which mutant, and whether the correct kernels pass
+every named case. `python -m regressions matrix` writes it to docs/kill-matrix.md, so a gap
+(a bug only its own case catches, or one nothing catches) is visible; CI asserts the part
+that must hold (regressions/test_kill_matrix.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from fmha.capabilities import KernelEntry
+from fmha.registry import MERGES
+from properties import laws
+from properties.strategies import cases
+from regressions.isolation import check_case_isolated
+from regressions.mutation import Mutant
+from regressions.trap import Trap, check_case
+from regressions.traps import MUTANTS, TRAPS
+
+
+def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[str]:
+    """How the mutant fails case `index` of `trap` (empty: it passes). An exception counts."""
+    if mutant.isolate:
+        return check_case_isolated(f"mutant:{mutant.name}", trap.id, index, device)
+    try:
+        return check_case(mutant.kernel(), trap.cases[index], device)
+    except Exception as e:  # noqa: BLE001 -- a kernel that raises is caught by the case
+        return [f"raised {type(e).__name__}: {e}"]
+
+
+def law_failure(kernel: KernelEntry, law, device: str, max_examples: int) -> str | None:
+    """The law's first counterexample on `kernel` (unshrunk), None when it holds, or
+    'n/a: ...' when the kernel lacks what the law needs."""
+    try:
+        laws.require(kernel, device, *laws.KERNEL_LAWS[law])
+    except pytest.skip.Exception as e:
+        return f"n/a: {e.msg}"
+    operands = (kernel, MERGES["torch-merge"]) if law is laws.split_keys_merge_to_the_whole else (kernel,)
+    quick = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                     phases=[Phase.generate], report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+    try:
+        laws.run_law(law, cases(kernel.capabilities_on(device), device), *operands, device=device, settings=quick)
+    except pytest.skip.Exception:
+        return None
+    except Exception as e:  # noqa: BLE001 -- AssertionError or a crash: either way the law caught it
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return None
+
+
+@dataclass
+class Row:
+    mutant: str
+    own: list[str]  # failures on its own trap's cases (first per case)
+    other_traps: list[str] = field(default_factory=list)  # trap ids whose cases also catch it
+    laws_caught: list[str] = field(default_factory=list)
+    laws_run: int = 0
+    note: str = ""
+    seconds: float = 0.0
+
+
+def mutant_row(name: str, device: str, law_examples: int) -> Row:
+    start = time.perf_counter()
+    mutant = MUTANTS[name]
+    trap = TRAPS[mutant.trap]
+    row = Row(name, [(case_failures(mutant, trap, i, device) or ["(passed)"])[0] for i in range(len(trap.cases))])
+    if mutant.isolate:
+        row.note = f"{ {'hang': 'hangs', 'crash': 'crashes'}[mutant.isolate]} its process: run isolated, on its own cases only"
+    else:
+        kernel = mutant.kernel()
+        row.other_traps = [t.id for t in TRAPS.values() if t.id != trap.id and any(
+            case_failures(mutant, t, i, device) for i, case in enumerate(t.cases)
+            if not kernel.not_supported_reasons(case.problem, device))]
+        for law in laws.KERNEL_LAWS:
+            failure = law_failure(kernel, law, device, law_examples)
+            if failure is not None and failure.startswith("n/a"):
+                continue
+            row.laws_run += 1
+            if failure:
+                row.laws_caught.append(law.__name__)
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def build(device: str, law_examples: int, jobs: int = 1, progress=print) -> list[Row]:
+    """One row per mutant; with jobs > 1, mutants run in parallel child processes."""
+    names = list(MUTANTS)
+    if jobs <= 1:
+        rows = [mutant_row(n, device, law_examples) for n in names]
+    else:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            rows = list(pool.map(mutant_row, names, [device] * len(names), [law_examples] * len(names)))
+    for r in rows:
+        progress(f"{r.mutant}: own cases {'caught' if all(f != '(passed)' for f in r.own) else 'MISSED'}, "
+                 f"{len(r.laws_caught)}/{r.laws_run} laws ({r.seconds:.0f} s)")
+    return rows
+
+
+def correct_kernel_failures(kernels: list[KernelEntry], device: str) -> dict[str, list[str]]:
+    """Per correct kernel, the named cases it fails (it should fail none)."""
+    result = {}
+    for kernel in kernels:
+        found = []
+        for trap in TRAPS.values():
+            for case in trap.cases:
+                if kernel.not_supported_reasons(case.problem, device):
+                    continue
+                failures = check_case(kernel, case, device)
+                if failures:
+                    found.append(f"{trap.id}/{case.id}: {failures[0]}")
+        result[kernel.name] = found
+    return result
+
+
+def render(rows: list[Row], correct: dict[str, list[str]], device: str, command: str, date: str) -> str:
+    law_names = [law.__name__ for law in laws.KERNEL_LAWS]
+    out = [
+        "# Kill matrix",
+        "",
+        f"Generated by `{command}` on {device}, {date}. Each mutant is fmha's kernel with one seed bug",
+        "put back (regressions/traps/). CI asserts the diagonal (every mutant fails every case of its",
+        "own trap) and that correct kernels pass every case (regressions/test_*.py); this page shows",
+        "what else catches each bug, including the generic property suite (the metamorphic laws of",
+        "properties/laws.py, first counterexample of a few hypothesis draws each).",
+        "",
+        "| mutant | bug | its own trap's cases | other traps' cases that catch it | property laws that catch it |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mutant = MUTANTS[r.mutant]
+        own = "; ".join(f.split(":")[0] for f in r.own)
+        caught_all = all(f != "(passed)" for f in r.own)
+        laws_cell = r.note or (f"{len(r.laws_caught)}/{r.laws_run}: " + ", ".join(r.laws_caught) if r.laws_caught
+                               else f"**none of {r.laws_run}**")
+        out.append(f"| {r.mutant} | {mutant.bug} | {'caught' if caught_all else '**MISSED**'} ({own}) | "
+                   f"{', '.join(r.other_traps) or '—'} | {laws_cell} |")
+    gaps = [r.mutant for r in rows if not r.note and not r.laws_caught]
+    out += ["", "## Gaps", ""]
+    out += ([f"- `{name}`: no property law catches it; only named cases do." for name in gaps]
+            or ["- none: every mutant run in-process is caught by at least one property law."])
+    out += ["", "## Correct kernels on every named case", "", "| kernel | cases failed |", "|---|---|"]
+    out += [f"| {name} | {'; '.join(f) if f else '0'} |" for name, f in correct.items()]
+    out += ["", f"Laws run: {', '.join(law_names)}.", ""]
+    return "\n".join(out)

@@ -1,0 +1,87 @@
+"""Mutant kernels: the real kernel with exactly one seed bug put back.
+
+Where the bug lives in tiling, layout or lanes, the mutant is fmha's own Triton kernel with
+a textual patch applied to its source (as mutation-testing tools do), written to a private
+file and imported as a module of its own; the Triton compiler sees a real kernel. A patch
+whose text no longer occurs exactly once fails loudly, so a kernel change can never silently
+turn a mutant into a copy of the correct kernel. Mutants live here, never in fmha/.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+from fmha import triton_attention
+from fmha.capabilities import KernelEntry
+
+
+class MutationError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # unique; the trap id, or the trap id and a flavour
+    trap: str  # the trap whose cases must catch it
+    bug: str  # what this mutant does wrong, in one line
+    build: Callable[[], KernelEntry]  # built on first use (patching and importing takes time)
+    isolate: str = ""  # "hang" or "crash": run only in a killable subprocess (regressions.isolation)
+
+    def kernel(self) -> KernelEntry:
+        return _built(self.build)
+
+
+@functools.cache
+def _built(build: Callable[[], KernelEntry]) -> KernelEntry:
+    return build()
+
+
+def _mutant_dir() -> str:
+    path = os.path.join(tempfile.gettempdir(), f"fmha-mutants-{os.getuid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def patch_source(source: str, patches: tuple[tuple[str, str], ...], name: str) -> str:
+    for old, new in patches:
+        count = source.count(old)
+        if count != 1:
+            raise MutationError(
+                f"mutant {name!r}: the patch target occurs {count} times in fmha/triton_attention.py "
+                f"(expected exactly once); the kernel changed, update the mutant. Target:\n{old}")
+        source = source.replace(old, new)
+    return source
+
+
+def patched_triton_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
+    """fmha's Triton attention with `patches` ((old, new) source snippets) applied."""
+    source = patch_source(inspect.getsource(triton_attention), patches, name)
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    module_name = f"fmha._mutant_{name.replace('-', '_')}_{digest}"
+    if module_name not in sys.modules:
+        path = os.path.join(_mutant_dir(), f"{module_name}.py")
+        if not os.path.exists(path):  # atomic: xdist workers may build the same mutant at once
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    module = sys.modules[module_name]
+    return wrapped_kernel(name, module.attention, module.ENTRY.capabilities)
+
+
+def wrapped_kernel(name: str, fn: Callable, capabilities=None) -> KernelEntry:
+    return KernelEntry(name=f"mutant:{name}", fn=fn,
+                       capabilities=capabilities or triton_attention.ENTRY.capabilities,
+                       description=f"regressions mutant {name}")

@@ -1,0 +1,108 @@
+"""`python -m regressions new <id>`: a trap module from a reproducer, ready to run.
+
+The reproducer is what the property suite prints on a failure, the shrunk case:
+    pin it: @example(case=Case(problem=Problem(batch=1, q_len=1, ...), distribution='normal', seed=0, storage='contiguous'))
+"""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+
+import torch
+
+from fmha.problem import Problem
+from properties.strategies import Case
+
+TRAPS_DIR = os.path.join(os.path.dirname(__file__), "traps")
+_ID = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+TEMPLATE = '''"""{id} ({seeds}): {symptom}
+
+Root cause: {root_cause}
+"""
+
+import torch  # noqa: F401  (the reproducer's dtype)
+
+from fmha.problem import Problem
+from properties.strategies import Case
+from regressions.trap import Trap, TrapCase
+
+TRAP = Trap(
+    id={id!r},
+    seeds=({seeds!r},),
+    source={source!r},
+    symptom={symptom!r},
+    root_cause={root_cause!r},
+    cases=(
+        TrapCase({case}, why={why!r}),
+    ),
+)
+
+{mutants}
+'''
+
+MUTANT_FROM_PLUGIN = '''from regressions.mutants import resolve  # noqa: E402
+from regressions.mutation import Mutant  # noqa: E402
+
+MUTANTS = (
+    Mutant({id!r}, TRAP.id, {bug!r}, lambda: resolve({spec!r})),
+)'''
+
+NO_MUTANT = '''# Prove the case: add a kernel that has exactly this bug (regressions/mutation.py patches
+# fmha's kernel; or keep the buggy version of yours as a plug-in and resolve() it), e.g.
+#   MUTANTS = (Mutant({id!r}, TRAP.id, "what it does wrong", lambda: resolve("my_pkg.attn:fwd_buggy")),)
+# Until then regressions/test_kill_matrix.py fails: a case never seen failing proves nothing.
+MUTANTS = ()'''
+
+
+def parse_reproducer(text: str) -> Case:
+    """A `Case(...)` or a bare `Problem(...)`, as the property suite prints them."""
+    text = text.strip().removeprefix("pin it:").strip()
+    if text.startswith("@example(case=") and text.endswith(")"):
+        text = text[len("@example(case="):-1]
+    try:
+        value = eval(text, {"__builtins__": {}}, {"Case": Case, "Problem": Problem, "torch": torch})  # noqa: S307
+    except Exception as e:
+        raise ValueError(f"reproducer: expected 'Case(problem=Problem(...), ...)' or 'Problem(...)', "
+                         f"got {text!r} ({type(e).__name__}: {e})") from None
+    if isinstance(value, Problem):
+        return Case(value)
+    if not isinstance(value, Case):
+        raise ValueError(f"reproducer: expected a Case or a Problem, got {type(value).__name__}")
+    return value
+
+
+def module_path(trap_id: str, directory: str = TRAPS_DIR) -> str:
+    return os.path.join(directory, trap_id.replace("-", "_") + ".py")
+
+
+def new_trap(trap_id: str, reproducer: str, *, seeds: str, symptom: str, root_cause: str, why: str = "",
+             source: str = "", mutant: str = "", bug: str = "", directory: str = TRAPS_DIR) -> str:
+    """Write the trap module; return its path."""
+    if not _ID.match(trap_id) or keyword.iskeyword(trap_id.replace("-", "_")):
+        raise ValueError(f"id: expected kebab-case like 'normalize-twice', got {trap_id!r}")
+    path = module_path(trap_id, directory)
+    if os.path.exists(path):
+        raise ValueError(f"id: {trap_id!r} exists already ({path})")
+    case = parse_reproducer(reproducer)
+    text = TEMPLATE.format(
+        id=trap_id, seeds=seeds, source=source or f"found by the property suite ({seeds})",
+        symptom=symptom, root_cause=root_cause, why=why or "the shrunk counterexample",
+        case=_case_source(case),
+        mutants=MUTANT_FROM_PLUGIN.format(id=trap_id, bug=bug or symptom, spec=mutant) if mutant
+        else NO_MUTANT.format(id=trap_id),
+    )
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _case_source(case: Case) -> str:
+    p = case.problem
+    defaults = {name: f.default for name, f in Problem.__dataclass_fields__.items()}
+    defaults["head_dim_v"] = p.head_dim
+    fields = [f"{name}={getattr(p, name)!r}" for name in defaults if getattr(p, name) != defaults[name]]
+    problem = "Problem(" + ", ".join(fields) + ")"
+    return f"Case({problem}, {case.distribution!r}, {case.seed}, {case.storage!r})"

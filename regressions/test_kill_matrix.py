@@ -1,0 +1,60 @@
+"""The diagonal of the kill matrix: every mutant fails every case of its own trap, and a
+mutant that hangs or crashes its process costs one bounded failure, not the run."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from regressions.isolation import CASE_TIMEOUT_S
+from regressions.kill_matrix import case_failures
+from regressions.mutation import MutationError, patch_source
+from regressions.traps import MUTANTS, TRAPS
+from regressions.traps.warp_collective_tmem import _collective_epilogue
+
+pytestmark = pytest.mark.regression
+
+DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "kill-matrix.md")
+DIAGONAL = [pytest.param(m, i, id=f"{m.name}/{TRAPS[m.trap].cases[i].id}")
+            for m in MUTANTS.values() for i in range(len(TRAPS[m.trap].cases))]
+
+
+@pytest.mark.parametrize("mutant, index", DIAGONAL)
+def test_mutant_fails_its_own_case(mutant, index, device):
+    trap = TRAPS[mutant.trap]
+    start = time.monotonic()
+    failures = case_failures(mutant, trap, index, device)
+    assert failures, (f"mutant {mutant.name} ({mutant.bug}) passes case {trap.cases[index].id} of trap "
+                      f"{trap.id}: the case does not catch the bug it exists for")
+    if mutant.isolate == "hang":
+        assert failures[0].startswith("hang:"), f"the hang mutant should be reported as a hang, got {failures}"
+        # bounded: the kernel's timeout plus process start-up, never the whole run's timeout
+        assert time.monotonic() - start < CASE_TIMEOUT_S[device] + 120
+    if mutant.isolate == "crash":
+        assert failures[0].startswith(("crash:", "raised")), f"expected a crash or a raised CUDA error, got {failures}"
+
+
+def test_every_trap_is_proven_by_a_mutant():
+    unproven = [t for t in TRAPS if not any(m.trap == t for m in MUTANTS.values())]
+    assert not unproven, (f"traps without a mutant: {unproven}. Add a kernel with exactly that bug to the trap's "
+                          "MUTANTS (see regressions/mutation.py); a case never seen failing proves nothing")
+
+
+def test_the_collective_completes_when_all_lanes_arrive(device):
+    """The hang mutant hangs because of its bug (16 of 32 lanes), not because of the model."""
+    arrivals = torch.zeros(1, dtype=torch.int32, device=device)
+    _collective_epilogue[(1,)](arrivals, LANES_THAT_ARRIVE=32)
+    assert int(arrivals.item()) == 32
+
+
+def test_a_patch_whose_target_is_gone_fails_loudly():
+    with pytest.raises(MutationError, match="occurs 0 times"):
+        patch_source("o = acc / l_i", (("text the kernel does not contain", "x"),), "stale-mutant")
+
+
+def test_the_kill_matrix_page_covers_every_mutant_and_trap():
+    with open(DOC) as f:
+        page = f.read()
+    missing = [name for name in [*MUTANTS, *TRAPS] if f"| {name} |" not in page and name not in page]
+    assert not missing, f"docs/kill-matrix.md does not mention {missing}: regenerate it with `python -m regressions matrix`"

@@ -1,0 +1,66 @@
+"""`python -m regressions new` turns the property suite's shrunk case into a trap module
+that loads and runs."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from fmha.problem import Problem
+from properties.strategies import Case
+from regressions.cli import main
+from regressions.mutants import resolve
+from regressions.trap import check_case
+
+PRINTED = ("pin it: @example(case=Case(problem=Problem(batch=1, q_len=3, kv_len=17, heads_q=4, heads_kv=2, "
+           "head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window=5, sink=True, shared_kv=False), "
+           "distribution='peaky', seed=12, storage='sliced'))")
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location("scaffolded_trap", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _new(tmp_path, *extra):
+    return main(["new", "window-edge", "--reproducer", PRINTED, "--seeds", "my-kernel#42",
+                 "--symptom", "the oldest key of the window is dropped", "--root-cause", "off-by-one in the window start",
+                 "--dir", str(tmp_path), *extra])
+
+
+def test_the_printed_reproducer_becomes_a_trap_that_runs(tmp_path, device):
+    assert _new(tmp_path) == 0
+    module = _load(tmp_path / "window_edge.py")
+    case = module.TRAP.cases[0]
+    assert case.case == Case(Problem(1, 3, 17, 4, 2, 32, dtype=torch.float16, causal=True, window=5, sink=True),
+                             "peaky", 12, "sliced")
+    assert module.MUTANTS == ()  # the kill-matrix test fails until a mutant proves the case
+    assert check_case(resolve("triton"), case, device) == []
+
+
+def test_a_mutant_given_by_import_path_is_wired_in(tmp_path):
+    assert _new(tmp_path, "--mutant", "mutant:missing-scale", "--why", "window 5 of 17 keys") == 0
+    module = _load(tmp_path / "window_edge.py")
+    (mutant,) = module.MUTANTS
+    assert mutant.trap == "window-edge" and mutant.kernel().name == "mutant:missing-scale"
+    assert module.TRAP.cases[0].why == "window 5 of 17 keys"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["new", "Bad_Id", "--reproducer", "Problem(1, 1, 1, 1, 1, 16)"], "id: expected kebab-case"),
+    (["new", "ok-id", "--reproducer", "Problem(batch=1"], "reproducer: expected 'Case(problem=Problem(...), ...)'"),
+    (["new", "ok-id", "--reproducer", "42"], "reproducer: expected a Case or a Problem, got int"),
+])
+def test_bad_input_is_refused_naming_the_argument(tmp_path, capsys, args, message):
+    argv = args + ["--seeds", "x", "--symptom", "x", "--root-cause", "x", "--dir", str(tmp_path)]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_existing_id_is_refused(tmp_path, capsys):
+    assert _new(tmp_path) == 0
+    assert _new(tmp_path) == 2
+    assert "exists already" in capsys.readouterr().err

@@ -1,0 +1,31 @@
+"""cores-mn-layout (seed 002): V's canonical shared-memory layout was built with
+CORES_MN = 16 instead of 2 (V is the B operand with block_mn = 16), so the P.V MMA read V
+through the wrong core-matrix indexing: garbage P.V. The mutant reads V transposed inside
+each 8 x 8 core matrix (key and head-dim index swapped within a core)."""
+
+from fmha.problem import Problem
+from regressions.mutation import Mutant, patched_triton_kernel
+from regressions.trap import Trap, reproducer
+
+TRAP = Trap(
+    id="cores-mn-layout",
+    seeds=("002",),
+    symptom="P.V is garbage (cosine far below 1) while QK^T and the softmax are right",
+    root_cause="the canonical layout of V used the wrong number of core matrices along MN (16 instead of 2)",
+    cases=(
+        reproducer(Problem(1, 1, 64, 4, 1, 64), "iota_v", why="v[s, d] = s + d/Dv: a permuted read shows as a wrong ramp"),
+        reproducer(Problem(1, 16, 128, 2, 2, 128), why="prefill, two KV tiles"),
+    ),
+)
+
+MUTANTS = (
+    Mutant(
+        "cores-mn-layout", TRAP.id, "reads V transposed inside each 8 x 8 core matrix",
+        lambda: patched_triton_kernel("cores-mn-layout", (
+            "v_base + cols[:, None] * stride_vs + offs_dv[None, :],\n"
+            "            mask=col_ok[:, None] & dv_ok[None, :], other=0.0,",
+            "v_base + ((cols[:, None] // 8) * 8 + offs_dv[None, :] % 8) * stride_vs + (offs_dv[None, :] // 8) * 8 + cols[:, None] % 8,\n"
+            "            mask=(((cols[:, None] // 8) * 8 + offs_dv[None, :] % 8) < hi) & dv_ok[None, :], other=0.0,",
+        )),
+    ),
+)

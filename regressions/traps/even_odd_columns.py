@@ -1,0 +1,30 @@
+"""even-odd-columns (seed 003, not in the DESIGN.md table): "offset descriptors DON'T WORK
+for (128,64) SMEM with K-tile offsets. Even/odd column corruption." An MMA descriptor offset
+into the staged K tile read adjacent head-dim columns swapped in every K-tile after the
+first. The mutant swaps each even/odd pair of K's head dims from dim 64 on."""
+
+from fmha.problem import Problem
+from regressions.mutation import Mutant, patched_triton_kernel
+from regressions.trap import Trap, reproducer
+
+TRAP = Trap(
+    id="even-odd-columns",
+    seeds=("003",),
+    source="seed 003, 'Key lessons': offset descriptors, even/odd column corruption",
+    symptom="correct at head dim 64, wrong above it (the first K-tile is right)",
+    root_cause="a shared-memory descriptor offset for K-tiles after the first swapped even and odd head-dim columns",
+    cases=(
+        reproducer(Problem(1, 1, 64, 4, 1, 128), why="the second half of the head dim is a later K-tile"),
+        reproducer(Problem(1, 8, 64, 2, 1, 256), "peaky", why="several K-tiles, peaky scores"),
+    ),
+)
+
+MUTANTS = (
+    Mutant(
+        "even-odd-columns", TRAP.id, "reads K's head dims 64 and above with each even/odd pair swapped",
+        lambda: patched_triton_kernel("even-odd-columns", (
+            "k_base + cols[None, :] * stride_ks + (d0 + offs_d)[:, None],",
+            "k_base + cols[None, :] * stride_ks + ((d0 + offs_d) ^ ((d0 + offs_d) >= 64).to(tl.int32))[:, None],",
+        )),
+    ),
+)

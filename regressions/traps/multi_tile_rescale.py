@@ -1,0 +1,26 @@
+"""multi-tile-rescale (seeds 000, 002): with more than one KV tile the running output must
+be rescaled by exp(m_old - m_new) whenever the running maximum rises. The seed kernel's
+rescale was wrong for n > 128 (000) and, before the fix, missing (002); a single tile (the
+only case first tested) needs no rescale, so it hid."""
+
+from fmha.problem import Problem
+from regressions.mutation import Mutant, patched_triton_kernel
+from regressions.trap import Trap, reproducer
+
+TRAP = Trap(
+    id="multi-tile-rescale",
+    seeds=("000", "002"),
+    symptom="exact with one KV tile, wrong with several whenever a later tile holds a larger logit",
+    root_cause="the output accumulator was not rescaled when the running maximum changed between KV tiles",
+    cases=(
+        reproducer(Problem(1, 1, 256, 4, 1, 64), "rising_max", why="the maximum rises in every KV tile"),
+        reproducer(Problem(1, 16, 200, 2, 1, 128), "rising_max", why="prefill rows, a partial last tile"),
+    ),
+)
+
+MUTANTS = (
+    Mutant(
+        "multi-tile-rescale", TRAP.id, "skips the accumulator rescale when the running maximum rises",
+        lambda: patched_triton_kernel("multi-tile-rescale", ("acc = acc * alpha[:, None]", "acc = acc")),
+    ),
+)

@@ -1,0 +1,29 @@
+"""normalize-twice (seed 002): P was already normalised in the softmax step, and the
+epilogue divided by the row sum again: O = O_correct / row_sum, 128x too small on uniform
+data over 128 keys. Every row still points the right way, so cosine alone is blind to it;
+the magnitude check is not."""
+
+from fmha.problem import Problem
+from regressions.mutation import Mutant, patched_triton_kernel
+from regressions.trap import Trap, reproducer
+
+TRAP = Trap(
+    id="normalize-twice",
+    seeds=("002",),
+    symptom="the output is row_sum times too small (128x on uniform scores over 128 keys); cosine is still ~1",
+    root_cause="the epilogue divides by the softmax row sum although P was already normalised",
+    cases=(
+        reproducer(Problem(1, 1, 128, 4, 1, 64), "constant_scores", why="uniform weights: row sum = 128"),
+        reproducer(Problem(1, 32, 64, 2, 2, 128, causal=True), why="prefill; rows sum different numbers of keys"),
+    ),
+)
+
+MUTANTS = (
+    Mutant(
+        "normalize-twice", TRAP.id, "the epilogue divides the accumulator by the row sum twice",
+        lambda: patched_triton_kernel("normalize-twice", (
+            "o = acc / tl.where(empty, 1.0, l_i)[:, None]",
+            "o = acc / tl.where(empty, 1.0, l_i)[:, None] / tl.where(empty, 1.0, l_i)[:, None]",
+        )),
+    ),
+)

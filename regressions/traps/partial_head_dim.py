@@ -1,0 +1,25 @@
+"""partial-head-dim (seeds 000, 003): the QK GEMM covered 64 of the 128 (256, 512) head
+dims (seed 000), and a K staging routine read the source with stride 16 where K's stride
+was 64 (seed 003): the dot products were partial, the scores wrong."""
+
+from fmha.problem import Problem
+from regressions.mutation import Mutant, patched_triton_kernel
+from regressions.trap import Trap, reproducer
+
+TRAP = Trap(
+    id="partial-head-dim",
+    seeds=("000", "003"),
+    symptom="correct at head dim 64, wrong above it; with energy only in the upper head dims the scores are all zero",
+    root_cause="QK^T summed over the first 64 head dims only",
+    cases=(
+        reproducer(Problem(1, 1, 64, 4, 1, 128), "upper_half_energy", why="all the logit signal sits in dims 64-127"),
+        reproducer(Problem(1, 1, 64, 8, 1, 512, shared_kv=True), "upper_half_energy", why="DSV4-like decode"),
+    ),
+)
+
+MUTANTS = (
+    Mutant(
+        "partial-head-dim", TRAP.id, "the QK^T loop masks out head dims 64 and above",
+        lambda: patched_triton_kernel("partial-head-dim", ("d_ok = (d0 + offs_d) < D", "d_ok = (d0 + offs_d) < 64")),
+    ),
+)

@@ -1,0 +1,29 @@
+"""smem-stride (seed 002): write_smem_canonical strided by NTHREADS = 192 while only the
+load warp (32 threads) ran it, so 32 of 2048 elements of the K tile were written; the MMA
+read stale shared memory for the rest. The mutant stages 1 in 64 elements of each K tile
+and leaves the rest zero."""
+
+from fmha.problem import Problem
+from regressions.mutation import Mutant, patched_triton_kernel
+from regressions.trap import Trap, reproducer
+
+TRAP = Trap(
+    id="smem-stride",
+    seeds=("002",),
+    symptom="scores are mostly garbage: the K tile in shared memory is mostly unwritten",
+    root_cause="a cooperative shared-memory copy strided by the CTA size (192) while one warp (32 threads) ran it",
+    cases=(
+        reproducer(Problem(1, 8, 128, 2, 1, 64), why="two KV tiles of N(0,1) keys"),
+        reproducer(Problem(2, 1, 96, 4, 1, 128, shared_kv=True), "peaky", why="decode, K = V, peaky scores"),
+    ),
+)
+
+MUTANTS = (
+    Mutant(
+        "smem-stride", TRAP.id, "stages only every 64th element of each K tile",
+        lambda: patched_triton_kernel("smem-stride", (
+            "mask=col_ok[None, :] & d_ok[:, None], other=0.0,",
+            "mask=col_ok[None, :] & d_ok[:, None] & (((d0 + offs_d)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]) % 64 == 0), other=0.0,",
+        )),
+    ),
+)

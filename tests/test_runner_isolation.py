@@ -1,0 +1,64 @@
+"""On a runner (`pytest -n ...`), a kernel that hangs and a kernel that faults (an illegal
+memory access on a GPU, a segmentation fault through the CPU interpreter) each cost their
+own test; the tests after them pass. Run as a nested pytest session in a subprocess."""
+
+import re
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+LATER_TESTS = 4
+SESSION = textwrap.dedent(f'''
+    import pytest
+    from regressions.mutants import resolve
+    from regressions.trap import check_case
+    from regressions.traps import TRAPS
+
+    def test_0_bad_kernel(device, request):
+        mutant, trap = request.config.getoption("--bad-kernel").split("@")
+        check_case(resolve(mutant), TRAPS[trap].cases[0], device)
+
+    @pytest.mark.parametrize("n", range({LATER_TESTS}))
+    def test_1_later_test(device, n):
+        assert not check_case(resolve("triton"), TRAPS["missing-scale"].cases[0], device)
+''')
+CONFTEST = textwrap.dedent('''
+    pytest_plugins = ["ci.plugin", "ci.gpu_runner"]
+
+    def pytest_addoption(parser):
+        parser.addoption("--bad-kernel")
+''')
+HANG = "mutant:warp-collective-tmem-hang@warp-collective-tmem"
+FAULT = "mutant:illegal-memory-access@illegal-memory-access"
+TIMEOUT_S = {"cpu": 8, "cuda": 45}
+
+
+def _session(pytester, device, bad_kernel, *args):
+    pytester.makepyfile(test_session=SESSION)
+    pytester.makeconftest(CONFTEST)
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-rf", f"--fmha-device={device}", f"--bad-kernel={bad_kernel}",
+        f"--timeout={TIMEOUT_S[device]}", "--timeout-method=thread", *args)
+
+
+def _failed_tests(output: str) -> set[str]:
+    return set(re.findall(r"^FAILED (\S+)", output, re.M))
+
+
+@pytest.mark.parametrize("bad_kernel", [pytest.param(HANG, id="hang"), pytest.param(FAULT, id="memory-fault")])
+def test_a_bad_kernel_fails_alone_and_later_tests_pass(pytester, device, bad_kernel):
+    result = _session(pytester, device, bad_kernel, "-n", "2")
+    output = result.stdout.str()
+    assert _failed_tests(output) == {"test_session.py::test_0_bad_kernel"}, output[-4000:]
+    assert result.parseoutcomes().get("passed") == LATER_TESTS, output[-4000:]
+    assert "crashed while running 'test_session.py::test_0_bad_kernel'" in output or "Timeout" in output, output[-4000:]
+
+
+@pytest.mark.gpu
+def test_without_xdist_a_poisoned_context_stops_the_session_with_the_reason(pytester, device):
+    result = _session(pytester, device, FAULT)
+    output = result.stdout.str()
+    assert _failed_tests(output) == {"test_session.py::test_0_bad_kernel"}, output[-4000:]
+    assert "CUDA context poisoned by test_session.py::test_0_bad_kernel" in output, output[-4000:]

@@ -1,0 +1,45 @@
+"""What a runner gets: deterministic shards across hosts (pytest-split) and JUnit XML."""
+
+import re
+import textwrap
+import xml.etree.ElementTree as ET
+
+pytest_plugins = ["pytester"]
+
+SESSION = textwrap.dedent('''
+    import pytest
+
+    @pytest.mark.parametrize("n", range(10))
+    def test_n(n, device):
+        assert device in ("cpu", "cuda")
+''')
+
+
+def _collected(result) -> list[str]:
+    return re.findall(r"^(test_session\.py::\S+)$", result.stdout.str(), re.M)
+
+
+def test_two_shards_are_disjoint_cover_everything_and_repeat(pytester):
+    pytester.makepyfile(test_session=SESSION)
+    pytester.makeconftest('pytest_plugins = ["ci.plugin", "ci.gpu_runner"]')
+    everything = _collected(pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider"))
+    shards = [_collected(pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider",
+                                            "--splits", "2", "--group", str(g))) for g in (1, 2)]
+    again = _collected(pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "--splits", "2", "--group", "1"))
+    assert len(everything) == 10
+    assert sorted(shards[0] + shards[1]) == sorted(everything) and not set(shards[0]) & set(shards[1])
+    assert again == shards[0]
+
+
+def test_junit_xml_lists_every_test(pytester, device):
+    pytester.makepyfile(test_session=SESSION)
+    pytester.makeconftest('pytest_plugins = ["ci.plugin", "ci.gpu_runner"]')
+    report = pytester.path / "junit.xml"
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--fmha-device={device}", "-n", "2",
+                                  f"--junitxml={report}").assert_outcomes(passed=10)
+    cases = ET.parse(report).getroot().iter("testcase")
+    names = sorted(c.get("name") for c in cases)
+    assert names == sorted(f"test_n[{n}]" for n in range(10))
+    if device == "cuda":  # each test says which GPU its worker was pinned to
+        gpus = [p.get("value") for p in ET.parse(report).getroot().iter("property") if p.get("name") == "gpu"]
+        assert len(gpus) == 10 and all(g.isdigit() for g in gpus)
