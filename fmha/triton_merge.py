@@ -2,7 +2,7 @@
 
     L = log(sum_i exp(lse_i) + exp(sink));  o = sum_i exp(lse_i - L) * o_i
 
-One program per output row (b, h, t). Parts are combined in fp32 relative to their maximum
+A program merges a block of output rows (b, h, t). Parts are combined in fp32 relative to their maximum
 LSE, so no exp overflows; an empty part (lse = -inf) is skipped, not multiplied by 0 (its o
 may hold anything); with every part empty o = 0 and L = -inf (or the sink). Also used by
 fmha.attention to combine its KV splits.
@@ -26,43 +26,52 @@ def _merge_kernel(
     stride_lp, stride_lb, stride_lh,
     stride_Ob, stride_Ot, stride_Oh,
     stride_Lb, stride_Lh,
-    NUM_PARTS, HQ, T,
-    DV: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr, ROUND_BF16: tl.constexpr,
+    N_ROWS, NUM_PARTS, HQ, T,
+    DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    b = row // (HQ * T)
-    h = (row // T) % HQ
-    t = row % T
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # output rows (b, h, t), flattened
+    row_ok = rows < N_ROWS
+    b = rows // (HQ * T)
+    h = (rows // T) % HQ
+    t = rows % T
     lse_base = LSE_PART + b * stride_lb + h * stride_lh + t
     o_base = O_PART + b * stride_ob + t * stride_ot + h * stride_oh
     offs = tl.arange(0, BLOCK_DV)
     dv_ok = offs < DV
 
-    m = tl.full([], float("-inf"), tl.float32)
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     for i in range(NUM_PARTS):
-        m = tl.maximum(m, tl.load(lse_base + i * stride_lp))
+        m = tl.maximum(m, tl.load(lse_base + i * stride_lp, mask=row_ok, other=float("-inf")))
     if HAS_SINK:
-        sink = tl.load(SINK + h)
+        sink = tl.load(SINK + h, mask=row_ok, other=float("-inf"))
         m = tl.maximum(m, sink)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
 
-    total = tl.full([], 0.0, tl.float32)
-    acc = tl.full([BLOCK_DV], 0.0, tl.float32)
+    total = tl.full([BLOCK_R], 0.0, tl.float32)
+    acc = tl.full([BLOCK_R, BLOCK_DV], 0.0, tl.float32)
     for i in range(NUM_PARTS):
-        lse_i = tl.load(lse_base + i * stride_lp)
-        if lse_i > float("-inf"):
-            w = tl.exp(lse_i - m_safe)
-            total += w
-            acc += w * tl.load(o_base + i * stride_op + offs, mask=dv_ok, other=0.0).to(tl.float32)
+        lse_i = tl.load(lse_base + i * stride_lp, mask=row_ok, other=float("-inf"))
+        live = lse_i > float("-inf")
+        w = tl.where(live, tl.exp(lse_i - m_safe), 0.0)
+        total += w
+        # An empty part's o is never read: it may hold anything (0 * NaN would be NaN).
+        part = tl.load(o_base[:, None] + i * stride_op + offs[None, :],
+                       mask=(row_ok & live)[:, None] & dv_ok[None, :], other=0.0)
+        acc += w[:, None] * part.to(tl.float32)
     if HAS_SINK:
         total += tl.exp(sink - m_safe)
     empty = total == 0.0
-    o = acc / tl.where(empty, 1.0, total)
+    o = acc / tl.where(empty, 1.0, total)[:, None]
     lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
     if ROUND_BF16:
         o = round_for_bf16(o)
-    tl.store(O + b * stride_Ob + t * stride_Ot + h * stride_Oh + offs, o.to(O.dtype.element_ty), mask=dv_ok)
-    tl.store(LSE + b * stride_Lb + h * stride_Lh + t, lse)
+    o_ptrs = O + b[:, None] * stride_Ob + t[:, None] * stride_Ot + h[:, None] * stride_Oh + offs[None, :]
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+    tl.store(LSE + b * stride_Lb + h * stride_Lh + t, lse, mask=row_ok)
+
+
+ELEMENTS_PER_PROGRAM = 4096  # rows x Dv per program: many rows per program when Dv is small
 
 
 def merge_into(o, lse, o_parts, lse_parts, sink=None) -> None:
@@ -72,16 +81,19 @@ def merge_into(o, lse, o_parts, lse_parts, sink=None) -> None:
         return
     if sink is not None and sink.device.type == "cpu":
         sink = sink.contiguous()
-    _merge_kernel[(B * H * T,)](
+    rows = B * H * T
+    block_dv = triton.next_power_of_2(DV)
+    block_r = min(max(1, ELEMENTS_PER_PROGRAM // block_dv), triton.next_power_of_2(rows))
+    _merge_kernel[(triton.cdiv(rows, block_r),)](
         o_parts, lse_parts, sink if sink is not None else lse_parts, o, lse,
         o_parts.stride(0), o_parts.stride(1), o_parts.stride(2), o_parts.stride(3),
         lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
         lse.stride(0), lse.stride(1),
-        P, H, T,
-        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), HAS_SINK=sink is not None,
+        rows, P, H, T,
+        DV=DV, BLOCK_R=block_r, BLOCK_DV=block_dv, HAS_SINK=sink is not None,
         ROUND_BF16=interpreting() and o.dtype == torch.bfloat16,
-        num_warps=4 if DV >= 256 else 1,
+        num_warps=4,
     )
 
 

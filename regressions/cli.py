@@ -1,7 +1,7 @@
 """Command line of the trap library.
 
     python -m regressions list
-    python -m regressions matrix [--fmha-device cpu] [--out docs/kill-matrix.md]
+    python -m regressions matrix [--fmha-device cpu] [--out docs/kill-matrix.md] [--jobs N] [--fresh]
     python -m regressions new <id> --reproducer "Case(problem=Problem(...), ...)" --seeds "..." \\
         --symptom "..." --root-cause "..." [--mutant module:attr]
 """
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -33,13 +35,18 @@ def _matrix(args) -> int:
     from regressions import kill_matrix
     device = args.fmha_device or ("cuda" if torch.cuda.is_available() else "cpu")
     kernels = registry.selected_kernels(args.fmha_kernel, device)
-    rows = kill_matrix.build(device, args.law_examples, args.jobs, progress=lambda line: print(line, file=sys.stderr))
+    cache_path = os.path.splitext(args.out)[0] + ".json"
+    cache = {} if args.fresh or not os.path.exists(cache_path) else json.loads(Path(cache_path).read_text())
+    rows = kill_matrix.build(device, args.law_examples, args.jobs, cache,
+                             progress=lambda line: print(line, file=sys.stderr))
     correct = kill_matrix.correct_kernel_failures(kernels, device)
     command = "python -m regressions matrix " + " ".join(sys.argv[2:])
     text = kill_matrix.render(rows, correct, device, command.strip(), datetime.date.today().isoformat())
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)
+    with open(cache_path, "w") as f:
+        json.dump(cache, f, indent=1, sort_keys=True)
     print(text)
     missed = [r.mutant for r in rows if any(f == "(passed)" for f in r.own)]
     false_failures = {k: f for k, f in correct.items() if f}
@@ -76,6 +83,8 @@ def main(argv=None) -> int:
                         help="correct kernels that must pass every case (default: the registry's for the device)")
     matrix.add_argument("--law-examples", type=int, default=6, help="hypothesis draws per law and mutant")
     matrix.add_argument("--jobs", type=int, default=1, help="mutants run in parallel processes")
+    matrix.add_argument("--fresh", action="store_true",
+                        help="recompute every row (default: reuse rows of OUT.json whose inputs did not change)")
     matrix.add_argument("--out", default="docs/kill-matrix.md")
     matrix.set_defaults(run=_matrix)
 

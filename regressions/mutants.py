@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from fmha.capabilities import KernelEntry
 from fmha.registry import resolve_kernel
-from regressions.traps import MUTANTS
+
+# regressions.traps is imported inside the functions: a trap module may itself use resolve()
+# for its mutant, while the trap modules are still being loaded.
 
 
 def resolve(spec: str) -> KernelEntry:
     if spec.startswith("mutant:"):
+        from regressions.traps import MUTANTS
         return MUTANTS[spec.removeprefix("mutant:")].kernel()
     return resolve_kernel(spec)
 
 
 def __getattr__(attr: str) -> KernelEntry:
+    if attr.startswith("__"):  # the import machinery probes dunders (__path__, ...)
+        raise AttributeError(attr)
+    from regressions.traps import MUTANTS
     name = attr.replace("_", "-")
     if name not in MUTANTS:
         raise AttributeError(f"no mutant {name!r}; mutants: {', '.join(MUTANTS)}")

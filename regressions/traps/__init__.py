@@ -16,10 +16,11 @@ def _modules():
         yield importlib.import_module(f"{__name__}.{info.name}")
 
 
-def _load() -> tuple[dict[str, Trap], dict[str, Mutant]]:
-    traps, mutants = {}, {}
+def _load() -> tuple[dict[str, Trap], dict[str, Mutant], dict[str, str]]:
+    traps, mutants, files = {}, {}, {}
     for module in _modules():
         trap = module.TRAP
+        files[trap.id] = module.__file__
         if trap.id in traps:
             raise ValueError(f"{module.__name__}: trap id {trap.id!r} is already used")
         traps[trap.id] = trap
@@ -27,7 +28,7 @@ def _load() -> tuple[dict[str, Trap], dict[str, Mutant]]:
             if mutant.name in mutants or mutant.trap != trap.id:
                 raise ValueError(f"{module.__name__}: mutant {mutant.name!r} is a duplicate or names another trap")
             mutants[mutant.name] = mutant
-    return traps, mutants
+    return traps, mutants, files
 
 
-TRAPS, MUTANTS = _load()
+TRAPS, MUTANTS, TRAP_FILES = _load()
