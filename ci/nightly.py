@@ -7,8 +7,9 @@ layouts (MHA, MQA with K = V) x distributions (normal, peaky, flat) x seeds agai
 float64 oracle and records global and worst-row cosine, error ratio and LSE error. The gate
 is the global cosine of every run. Writes DIR/results.json (atomically), DIR/summary.md and
 DIR/index.html with a heatmap per kernel (DIR/heatmap-<kernel>.png), compares with the
-previous DIR/results.json and lists what got worse; exits 1 when any run is below the gate. On a machine without CUDA it runs a reduced slice through the Triton
-interpreter (every head dim, decode shapes) so the command works anywhere.
+previous DIR/results.json and lists what got worse; exits 1 when any run is below the gate.
+On a machine without CUDA it runs a reduced slice through the Triton interpreter (every
+head dim, decode shapes) so the command works anywhere.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ that was decided. Modelled on FlashInfer's fuzz ledger and PyTorch's xfail_stric
 
 The pytest plugin marks each matching test xfail(strict=True): an unexpected pass fails the
 run and forces the record's removal. A record with `quarantine` is for a configuration that
-crashes or hangs its process: the test is reported xfail without being launched. A law a third-party kernel breaks is a finding recorded
-here, with its evidence; the law is never weakened.
+crashes or hangs its process: the test is reported xfail without being launched. A law a
+third-party kernel breaks is a finding recorded here, with its evidence; the law is never
+weakened.
 """
 
 from __future__ import annotations
