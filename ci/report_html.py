@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import html
 import math
-from collections import defaultdict
 from pathlib import Path
 
 
-def worst_by_cell(records: list[dict], kernel: str) -> dict[tuple, float | None]:
-    """(head_dim, q_len, kv_len) -> worst 1 - cos over layouts, distributions and seeds
-    (None: the kernel ran nothing there)."""
+def worst_by_cell(runs: list[dict]) -> dict[tuple, float | None]:
+    """(head_dim, q_len, kv_len) -> worst 1 - cos of one kernel's runs over layouts,
+    distributions and seeds (None: the kernel ran nothing there)."""
     cells: dict[tuple, float | None] = {}
-    for r in records:
-        if r["kernel"] != kernel:
-            continue
+    for r in runs:
         key = (r["head_dim"], r["q_len"], r["kv_len"])
         if "cos" in r and r["cos"] is not None:
             gap = 1 - r["cos"] if math.isfinite(r["cos"]) else 1.0
@@ -25,14 +22,14 @@ def worst_by_cell(records: list[dict], kernel: str) -> dict[tuple, float | None]
     return cells
 
 
-def heatmap(records: list[dict], kernel: str, gate: float, path: Path) -> Path:
+def heatmap(runs: list[dict], kernel: str, gate: float, path: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.colors import LogNorm
 
-    cells = worst_by_cell(records, kernel)
+    cells = worst_by_cell(runs)
     rows = sorted({(hd, t) for hd, t, _ in cells})
     cols = sorted({s for _, _, s in cells})
     values = np.full((len(rows), len(cols)), np.nan)
@@ -64,24 +61,18 @@ def heatmap(records: list[dict], kernel: str, gate: float, path: Path) -> Path:
     return path
 
 
-def write_page(records: list[dict], gate: float, header_lines: list[str], out_dir: Path) -> Path:
-    by_kernel = defaultdict(list)
-    for r in records:
-        by_kernel[r["kernel"]].append(r)
+def write_page(tallies: dict, gate: float, header_lines: list[str], out_dir: Path) -> Path:
+    """`tallies`: ci.nightly.tally(records), one KernelTally per kernel."""
     parts = ["<!doctype html><meta charset='utf-8'><title>fmha nightly gate</title>",
              "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}td,th{padding:2px 8px}"
              ".fail{color:#b00}</style>"]
     parts += [f"<p>{html.escape(line)}</p>" for line in header_lines if line.strip()]
     parts.append("<table border=1><tr><th>kernel</th><th>configs at the gate</th><th>runs below</th>"
                  "<th>cos min</th></tr>")
-    for kernel, rs in by_kernel.items():
-        ran = [r for r in rs if "cos" in r]
-        below = [r for r in ran if not r["passed"]]
-        configs = {r["config"] for r in rs}
-        bad = {r["config"] for r in below} | {c for c in configs if not any(r["config"] == c for r in ran)}
-        low = min((r["cos"] for r in ran), default=float("nan"))
-        parts.append(f"<tr><td>{html.escape(kernel)}</td><td>{len(configs) - len(bad)}/{len(configs)}</td>"
-                     f"<td class={'fail' if below else 'ok'}>{len(below)}</td><td>{low:.7f}</td></tr>")
+    for kernel, t in tallies.items():
+        low = min((r["cos"] for r in t.ran), default=float("nan"))
+        parts.append(f"<tr><td>{html.escape(kernel)}</td><td>{len(t.configs_at_gate)}/{len(t.configs)}</td>"
+                     f"<td class={'fail' if t.below else 'ok'}>{len(t.below)}</td><td>{low:.7f}</td></tr>")
     parts.append("</table>")
     try:
         import matplotlib  # noqa: F401
@@ -89,16 +80,15 @@ def write_page(records: list[dict], gate: float, header_lines: list[str], out_di
     except ImportError:
         plotting = False
         parts.append("<p>No heatmaps: matplotlib is not installed (pip install -e '.[plot]').</p>")
-    for kernel, rs in by_kernel.items():
+    for kernel, t in tallies.items():
         parts.append(f"<h2>{html.escape(kernel)}</h2>")
         if plotting:
-            png = heatmap(records, kernel, gate, out_dir / f"heatmap-{_slug(kernel)}.png")
+            png = heatmap(t.runs, kernel, gate, out_dir / f"heatmap-{_slug(kernel)}.png")
             parts.append(f"<img src='{png.name}' alt='1 - cosine heatmap of {kernel}'>")
-        below = [r for r in rs if "cos" in r and not r["passed"]]
-        if below:
-            parts.append("<details><summary>" + f"{len(below)} runs below the gate</summary><ul>" + "".join(
+        if t.below:
+            parts.append("<details><summary>" + f"{len(t.below)} runs below the gate</summary><ul>" + "".join(
                 f"<li>{html.escape(r['case'])} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}</li>"
-                for r in below[:300]) + "</ul></details>")
+                for r in t.below[:300]) + "</ul></details>")
     path = out_dir / "index.html"
     path.write_text("\n".join(parts) + "\n")
     return path

@@ -70,10 +70,17 @@ def visible_logit_rms(problem: Problem, x: Inputs) -> float:
     return float(visible_scores.square().mean().sqrt()) if visible_scores.numel() else 0.0
 
 
-def judge_run(run: Run, tolerance: Tolerance | None = None) -> Verdict:
+def oracle_of(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 (o, lse) the run is judged against."""
+    x = run.inputs
+    return reference.attention(x.q, x.k, x.v, **x.kwargs(run.problem))
+
+
+def judge_run(run: Run, tolerance: Tolerance | None = None, oracle=None) -> Verdict:
+    """`oracle`: oracle_of(run), when the caller needs it too (computed here otherwise)."""
     x = run.inputs
     kwargs = x.kwargs(run.problem)
-    oracle_o, oracle_lse = reference.attention(x.q, x.k, x.v, **kwargs)
+    oracle_o, oracle_lse = oracle if oracle is not None else oracle_of(run)
     oracle_abs, _ = reference.attention(x.q, x.k, x.v.abs(), **kwargs)
     metrics = measure(run.o, oracle_o, run.lse, oracle_lse, run.unwritten, visible_logit_rms(run.problem, x), oracle_abs)
     verdict = judge(metrics, tolerance)

@@ -15,8 +15,7 @@ import torch
 
 from fmha.capabilities import KernelEntry
 from fmha.problem import Problem
-from oracles import reference
-from oracles.check import judge_run, run_kernel
+from oracles.check import judge_run, oracle_of, run_kernel
 from properties.strategies import Case, build_inputs
 
 # A symptom check: (kernel output, float64 oracle output, problem) -> failure text or None.
@@ -66,9 +65,8 @@ def check_case(kernel: KernelEntry, case: TrapCase, device: str) -> list[str]:
     """Run `kernel` on the case; return what failed (empty: the kernel passes)."""
     inputs = build_inputs(case.case, device)
     run = run_kernel(kernel, case.problem, inputs)
-    failures = list(judge_run(run).failures)
-    if case.symptoms:
-        oracle_o, _ = reference.attention(inputs.q, inputs.k, inputs.v, **inputs.kwargs(case.problem))
-        # Unwritten elements still hold the NaN poison: symptom checks skip non-finite values.
-        failures += [f for check in case.symptoms if (f := check(run.o, oracle_o, case.problem))]
+    oracle = oracle_of(run)
+    failures = list(judge_run(run, oracle=oracle).failures)
+    # Unwritten elements still hold the NaN poison: symptom checks skip non-finite values.
+    failures += [f for check in case.symptoms if (f := check(run.o, oracle[0], case.problem))]
     return failures
