@@ -7,8 +7,13 @@ one KV head, DSV4) a tile holds the heads; for prefill it holds positions; GQA m
 Each row keeps its own position S - T + t for the causal and window masks, and the key range
 a program visits is cut to the keys its rows can see.
 
-Head dims above 256 (up to 512): QK^T is accumulated over head-dim chunks of BLOCK_D before
-the softmax (logits are additive over head-dim chunks; softmaxes are not: seed 000, §2).
+Operands. q is loaded once and stays in shared memory for the whole key loop. K and V come
+through TMA tensor descriptors (zero-filled past S and past the head dim), pipelined
+num_stages deep. Head dims above 256 (up to 512) go in two chunks of BLOCK_D: QK^T adds the
+chunks' logits before the softmax (logits are additive over head-dim chunks; softmaxes are
+not: seed 000, §2). Dv wider than BLOCK_DV is split across programs, each recomputing QK^T.
+When K is V (DSV4) and a Dv slice is a head-dim chunk, the value tile is that chunk of the
+key tile already in shared memory: half the loads, and room for a third stage.
 
 Precision of P.V (DESIGN.md: bf16 P costs ~1e-6 of cosine, below the 0.999998 gate):
 - bf16: P = P_hi + P_lo, both bf16, two MMAs against bf16 V. P keeps ~16 bits; V stays in
@@ -30,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fmha.capabilities import Capabilities, KernelEntry
 from fmha.contract import check_attention_args
@@ -42,11 +48,81 @@ HEAD_DIMS = tuple(range(16, 513, 16))
 
 
 @triton.jit
+def _dot(a, b, acc, PV_MODE: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif PV_MODE == 2:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _key_loop(
+    qa, qb, K, V, b, kvh, ca, cb, dv0, lo, hi, position, qk_scale, WINDOW,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    NUM_D: tl.constexpr, V_FROM_K: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, PV_MODE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online softmax over the keys [lo, hi) for one tile of rows and one slice of Dv.
+
+    qa and qb are q's head-dim chunks starting at columns ca and cb (qb unused with one
+    chunk). K and V are TMA descriptors (B, S, HKV, D): keys past S and columns past D arrive
+    as zeros; keys in [hi, S) may arrive too, and their masked logits weigh exactly 0. With
+    V_FROM_K, ca is this program's Dv slice and the key chunk at ca, already in shared
+    memory, is the value tile.
+    """
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
+    # A computed zero: with a literal one the compiler would chain the two chunks' dots into
+    # one accumulation, whose rounding then depends on the chunk order (the Dv slice).
+    zero = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32) * qk_scale
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        # Logits add up over head-dim chunks; a + b == b + a, so every Dv slice gets the
+        # same bits whichever chunk it computes first.
+        ka = K.load([b, start, kvh, ca]).reshape(BLOCK_N, BLOCK_D)
+        s = _dot(qa, ka.T, zero, PV_MODE, UPCAST)
+        if NUM_D == 2:
+            kb = K.load([b, start, kvh, cb]).reshape(BLOCK_N, BLOCK_D)
+            s = s + _dot(qb, kb.T, zero, PV_MODE, UPCAST)
+        s = s * qk_scale
+        visible = (cols < hi)[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= position[:, None])
+        if WINDOWED:
+            visible = visible & (cols[None, :] > position[:, None] - WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+
+        if V_FROM_K:
+            v = ka
+        else:
+            v = V.load([b, start, kvh, dv0]).reshape(BLOCK_N, BLOCK_DV)
+        if UPCAST or PV_MODE == 2:
+            acc = _dot(p, v, acc, PV_MODE, UPCAST)
+        elif PV_MODE == 1:
+            p_hi = p.to(tl.bfloat16)
+            p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+            acc = tl.dot(p_hi, v, acc)
+            acc = tl.dot(p_lo, v, acc)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _attention_fwd(
     Q, K, V, SINK, O, LSE,
     stride_qb, stride_qt, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
     stride_os, stride_ob, stride_ot, stride_oh,
     stride_ls, stride_lb, stride_lh,
     T, S, HQ, G, WINDOW, qk_scale, keys_per_split,
@@ -54,14 +130,17 @@ def _attention_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr,
+    V_FROM_K: tl.constexpr,  # K is V and BLOCK_DV == BLOCK_D: V slices are key-tile chunks
     PV_MODE: tl.constexpr,  # 0: one MMA in the input dtype, 1: bf16 hi + lo, 2: fp32
     UPCAST: tl.constexpr,  # interpreter: compute in fp32
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     NUM_DV_BLOCKS: tl.constexpr = (DV + BLOCK_DV - 1) // BLOCK_DV
+    NUM_D: tl.constexpr = (D + BLOCK_D - 1) // BLOCK_D  # 1 or 2 (the host sees to it)
     pid_split = tl.program_id(2) // NUM_DV_BLOCKS
-    dv0 = (tl.program_id(2) % NUM_DV_BLOCKS) * BLOCK_DV  # this program's slice of the output columns
+    dv_block = tl.program_id(2) % NUM_DV_BLOCKS
+    dv0 = dv_block * BLOCK_DV  # this program's slice of the output columns
     HKV = HQ // G
     b = pid_bh // HKV
     kvh = pid_bh % HKV
@@ -82,70 +161,20 @@ def _attention_fwd(
         first_t = (pid_m * BLOCK_M) // G
         lo = tl.maximum(lo, S - T + first_t - WINDOW + 1)
 
+    # q stays in shared memory for the whole loop, in at most two head-dim chunks; with
+    # V_FROM_K the chunk that holds this program's Dv slice comes first.
     q_base = Q + b * stride_qb + t[:, None] * stride_qt + h[:, None] * stride_qh
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = dv0 + tl.arange(0, BLOCK_DV)
-    if D <= BLOCK_D:  # one head-dim chunk: load q once
-        q_whole = tl.load(q_base + offs_d[None, :], mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
-    acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
-
-    for start in range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < hi
-        s = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        for d0 in tl.static_range(0, D, BLOCK_D):
-            d_ok = (d0 + offs_d) < D
-            if D <= BLOCK_D:
-                q = q_whole
-            else:
-                q = tl.load(q_base + (d0 + offs_d)[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            k = tl.load(
-                k_base + cols[None, :] * stride_ks + (d0 + offs_d)[:, None],
-                mask=col_ok[None, :] & d_ok[:, None], other=0.0,
-            )
-            if UPCAST:
-                s += tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-            elif PV_MODE == 2:
-                s += tl.dot(q, k, input_precision="ieee")
-            else:
-                s += tl.dot(q, k)
-        s = s * qk_scale
-        visible = col_ok[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= position[:, None])
-        if WINDOWED:
-            visible = visible & (cols[None, :] > position[:, None] - WINDOW)
-        s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        m_i = m_new
-
-        dv_ok = offs_dv < DV
-        v = tl.load(
-            v_base + cols[:, None] * stride_vs + offs_dv[None, :],
-            mask=col_ok[:, None] & dv_ok[None, :], other=0.0,
-        )
-        if UPCAST:
-            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
-        elif PV_MODE == 2:
-            acc = tl.dot(p, v, acc, input_precision="ieee")
-        elif PV_MODE == 1:
-            p_hi = p.to(tl.bfloat16)
-            p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(p_hi, v, acc)
-            acc = tl.dot(p_lo, v, acc)
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+    ca = dv0 if V_FROM_K else 0
+    cb = BLOCK_D - ca
+    qa = tl.load(q_base + (ca + offs_d)[None, :], mask=row_ok[:, None] & (ca + offs_d < D)[None, :], other=0.0)
+    qb = qa
+    if NUM_D == 2:
+        qb = tl.load(q_base + (cb + offs_d)[None, :], mask=row_ok[:, None] & (cb + offs_d < D)[None, :], other=0.0)
+    acc, m_i, l_i = _key_loop(
+        qa, qb, K, V, b, kvh, ca, cb, dv0, lo, hi, position, qk_scale, WINDOW,
+        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, NUM_D, V_FROM_K, CAUSAL, WINDOWED, PV_MODE, UPCAST)
 
     if HAS_SINK:
         # The sink joins the denominator (never a value); take the max with it first so a
@@ -175,31 +204,64 @@ def _pv_mode(dtype: torch.dtype) -> int:
     return {torch.bfloat16: 1, torch.float16: 0, torch.float32: 2}[dtype]
 
 
-# Tile table for Hopper, keyed by max(D, Dv): (BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, warps, stages).
+# Tile table for Hopper, keyed by max(D, Dv): (BLOCK_M, BLOCK_N, BLOCK_DV, warps, stages).
 # Chosen by `python -m fmha.tune` on an H200 (BENCHMARKS.md); BLOCK_DV < Dv splits the output
 # columns across programs (each recomputes QK^T for its slice) to stay within registers.
+# SHARED_KV_TILES: when K is V the value tile is a chunk of the key tile, which frees the
+# shared memory for a third pipeline stage.
 GPU_TILES = {
-    64: (64, 64, 64, 64, 4, 3),
-    128: (64, 64, 128, 128, 4, 3),
-    256: (64, 64, 64, 128, 4, 2),
-    512: (128, 32, 128, 256, 8, 2),
+    64: (64, 64, 64, 4, 3),
+    128: (64, 64, 128, 4, 3),
+    256: (64, 64, 128, 4, 2),
+    512: (128, 32, 256, 8, 2),
 }
+SHARED_KV_TILES = {
+    512: (128, 32, 256, 8, 3),
+}
+SHARED_MEMORY_BYTES = 227 * 1024  # per block on Hopper
 
 
-def _tiles(problem, device_type: str, override: tuple | None = None) -> dict:
-    """Tile sizes by head dim and device."""
+def _chunk(D: int) -> int:
+    """BLOCK_D: the head dim in one chunk up to 256 (TMA boxes stop at 256), else two."""
+    return triton.next_power_of_2(D if D <= 256 else triton.cdiv(D, 2))
+
+
+def _shared_bytes(t: dict, D: int, element_size: int) -> int:
+    """Shared memory the kernel needs: q for the whole loop, and per pipeline stage the key
+    tile (plus the value tile unless it is a chunk of the key tile)."""
+    d = triton.cdiv(D, t["BLOCK_D"]) * t["BLOCK_D"]  # chunks are padded to BLOCK_D
+    q = t["BLOCK_M"] * d
+    stage = t["BLOCK_N"] * (d + (0 if t["V_FROM_K"] else t["BLOCK_DV"]))
+    return element_size * (q + t["num_stages"] * stage)
+
+
+def _tiles(problem, device_type: str, override: tuple | None = None, k_is_v: bool = False) -> dict:
+    """Tile sizes (and V_FROM_K) by head dim and device, shrunk (stages, then keys, then rows)
+    until they fit shared memory: fp32, or Dv wider than D, need smaller tiles than the table's."""
     D, DV = problem.head_dim, problem.head_dim_v
+    block_d = _chunk(D)
     if device_type == "cpu":
-        # The interpreter: few, large steps, but head dims above 128 still go in chunks and
-        # Dv above 256 across programs, so the CPU tier runs the hd512 code paths.
-        block_d, block_dv = min(triton.next_power_of_2(D), 128), min(triton.next_power_of_2(DV), 256)
-        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4, num_stages=1)
+        # The interpreter: few, large steps; Dv above 256 still goes across programs and D
+        # above 256 in two chunks, so the CPU tier runs the hd512 code paths.
+        block_dv = block_d if k_is_v else min(triton.next_power_of_2(DV), 256)
+        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, V_FROM_K=k_is_v,
+                    num_warps=4, num_stages=1)
     key = next(k for k in sorted(GPU_TILES) if max(D, DV) <= k)
-    m, n, d, dv, warps, stages = override or GPU_TILES[key]
-    if problem.dtype == torch.float32:  # twice the bytes per element: smaller tiles
-        m, n, d, dv, stages = min(m, 64), min(n, 32), min(d, 64), min(dv, 128), min(stages, 2)
-    return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=min(d, triton.next_power_of_2(D)),
-                BLOCK_DV=min(dv, triton.next_power_of_2(DV)), num_warps=warps, num_stages=stages)
+    m, n, dv, warps, stages = override or (k_is_v and SHARED_KV_TILES.get(key)) or GPU_TILES[key]
+    if not override and m > 64 and problem.q_len * problem.group <= 64:
+        m, warps = 64, warps // 2  # few rows per KV head (small-batch decode): half the tile idles
+    t = dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, BLOCK_DV=min(dv, triton.next_power_of_2(DV)),
+             num_warps=warps, num_stages=stages)
+    t["V_FROM_K"] = k_is_v and t["BLOCK_DV"] == block_d  # the value tile is a chunk of the key tile
+    size = problem.dtype.itemsize
+    while _shared_bytes(t, D, size) > SHARED_MEMORY_BYTES:
+        if t["num_stages"] > 1:
+            t["num_stages"] -= 1
+        elif t["BLOCK_N"] > 16:
+            t["BLOCK_N"] //= 2
+        else:
+            t["BLOCK_M"] //= 2
+    return t
 
 
 def _keys_per_split(problem, device_type: str) -> int:
@@ -215,6 +277,23 @@ def _keys_per_split(problem, device_type: str) -> int:
         return 256
     decode_like = problem.q_len * problem.group <= 128
     return 1024 if decode_like else max(problem.kv_len, 1)
+
+
+def _key_descriptor(t: torch.Tensor, block_n: int, block_d: int) -> TensorDescriptor:
+    """A TMA descriptor over keys or values (B, S, H, D) that loads (1, block_n, 1, block_d).
+
+    TMA wants a 16-byte aligned base and 16-byte multiples for the strides. A size-1 dim's
+    stride is never used, so it is replaced; a view that still breaks the rules (misaligned
+    slice, broadcast stride 0) is copied first. No keys (S = 0): a one-key dummy, never read.
+    """
+    if t.shape[1] == 0:
+        t = t.new_zeros(t.shape[0], 1, *t.shape[2:])
+    dense = torch.empty(t.shape, device="meta").stride()
+    strides = [s if n > 1 else c for s, n, c in zip(t.stride(), t.shape, dense)]
+    if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in strides[:-1]):
+        t = t.clone(memory_format=torch.contiguous_format)
+        strides = list(t.stride())
+    return TensorDescriptor(t, list(t.shape), strides, [1, block_n, 1, block_d])
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
@@ -237,7 +316,7 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
     if o.numel() == 0 or lse.numel() == 0:
         return o, lse.fill_(float("-inf"))
 
-    tiles = _tiles(problem, q.device.type, tiles)
+    tiles = _tiles(problem, q.device.type, tiles, k_is_v=k is v)
     row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
     dv_blocks = triton.cdiv(DV, tiles["BLOCK_DV"])
     keys_per_split = _keys_per_split(problem, q.device.type) if splits is None else triton.cdiv(max(S, 1), splits)
@@ -250,11 +329,11 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
         target, target_lse = o.unsqueeze(0), lse.unsqueeze(0)
     upcast = interpreting() and q.dtype == torch.bfloat16
     grid = (row_blocks, B * HKV, splits * dv_blocks)
+    k_desc = _key_descriptor(k, tiles["BLOCK_N"], tiles["BLOCK_D"])
+    v_desc = _key_descriptor(v, tiles["BLOCK_N"], tiles["BLOCK_DV"])
     _attention_fwd[grid](
-        q, k, v, sink if sink is not None else q, target, target_lse,
+        q, k_desc, v_desc, sink if sink is not None else q, target, target_lse,
         q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
         target.stride(0), target.stride(1), target.stride(2), target.stride(3),
         target_lse.stride(0), target_lse.stride(1), target_lse.stride(2),
         T, S, HQ, G, window or 0, scale * LOG2E, keys_per_split,

@@ -3,8 +3,10 @@ fmha.triton_attention.GPU_TILES.
 
     python -m fmha.tune [--shape SUBSTRING]
 
-Candidates are (BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages) per head dim;
-each is timed on the benchmark shapes with that head dim (median of CUDA-graph replays).
+Candidates are (BLOCK_M, BLOCK_N, BLOCK_DV, num_warps, num_stages) per head dim (BLOCK_D is
+the head dim, or half of it above 256); each is timed on the benchmark shapes with that head
+dim (median of CUDA-graph replays). A candidate that does not fit shared memory for a shape
+runs shrunk, as fmha.triton_attention._tiles would run it (fewer stages first).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from fmha.bench import GRID_DECODE, SPEED_SHAPES, _inputs, time_us
 from fmha.triton_attention import _attention
 
 CANDIDATES = {
-    64: [(128, 64, 64, 64, 8, 3), (128, 64, 64, 64, 4, 3), (64, 64, 64, 64, 4, 3), (128, 32, 64, 64, 4, 3)],
-    128: [(128, 32, 128, 128, 8, 2), (128, 64, 128, 128, 8, 3), (128, 32, 128, 128, 8, 3),
-          (64, 64, 128, 128, 4, 3), (128, 128, 128, 128, 8, 2), (64, 32, 128, 128, 4, 3), (128, 64, 64, 128, 8, 3)],
-    256: [(128, 64, 64, 128, 8, 2), (64, 64, 64, 128, 4, 2), (128, 32, 128, 128, 8, 2), (64, 32, 64, 256, 8, 2)],
-    512: [(128, 32, 64, 256, 8, 2), (128, 32, 64, 128, 8, 2), (64, 64, 64, 128, 4, 2), (64, 32, 64, 128, 4, 3),
-          (128, 32, 128, 256, 8, 2), (128, 16, 64, 256, 8, 3), (64, 32, 64, 256, 4, 2), (128, 32, 64, 512, 8, 1)],
+    64: [(64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 64, 64, 4, 3), (128, 32, 64, 4, 3)],
+    128: [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (128, 32, 128, 8, 2), (64, 32, 128, 4, 3), (128, 128, 128, 8, 2)],
+    256: [(64, 64, 128, 4, 2), (64, 32, 256, 4, 2), (64, 64, 256, 4, 2), (128, 64, 128, 8, 2), (128, 32, 256, 8, 2),
+          (64, 32, 128, 4, 3)],
+    512: [(128, 32, 256, 8, 3), (128, 32, 256, 8, 2), (64, 32, 256, 4, 2), (64, 32, 256, 4, 3), (128, 64, 256, 8, 1),
+          (128, 16, 256, 8, 4)],
 }
 
 

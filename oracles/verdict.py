@@ -63,6 +63,16 @@ class Verdict:
 SMALL_SAMPLE = 64
 
 
+def two_sided(t: Tolerance) -> Tolerance:
+    """The allowance for comparing two kernel outputs, each with its own rounding: errors add,
+    so every bound doubles (RMS ones would grow by sqrt 2 if independent; the two sides often
+    share most of their arithmetic, so take the worst case) and the cosine deficit, quadratic
+    in the error, grows 4x."""
+    return Tolerance(min_cos=1 - 4 * (1 - t.min_cos), max_error_ratio=2 * t.max_error_ratio,
+                     max_worst_row_err=2 * t.max_worst_row_err, max_ulp=2 * t.max_ulp,
+                     max_lse_err=2 * t.max_lse_err)
+
+
 def small_sample_factor(elements: int) -> float:
     return max(1.0, math.sqrt(SMALL_SAMPLE / max(elements, 1)))
 

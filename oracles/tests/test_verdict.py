@@ -11,7 +11,7 @@ from oracles import reference
 from oracles.check import POISON_BITS, poisoned, still_poisoned
 from oracles.inputs import make_inputs
 from oracles.metrics import measure
-from oracles.verdict import judge
+from oracles.verdict import TOLERANCES, judge, two_sided
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -131,3 +131,43 @@ def test_the_rms_checks_widen_for_a_tiny_output_only():
     _, o, lse = _oracle(large)
     verdict = judge(measure(_one_ulp_off(o), o))
     assert not verdict.passed and "rounding floor" in verdict.message(), verdict.message()
+
+
+def _ulps_apart(o: torch.Tensor, k: int) -> torch.Tensor:
+    """fp32 `o` with every element moved k ulps, alternately up and down."""
+    bits = o.float().view(torch.int32).clone()
+    bits[..., 0::2] += k
+    bits[..., 1::2] -= k
+    return bits.view(torch.float32)
+
+
+def test_two_kernel_outputs_get_both_allowances():
+    """Two fp32 outputs 4 ulps either side of one answer are 8 ulps apart: beyond what one
+    output may be from an exact reference, within what two rounded outputs may be from each
+    other (two_sided); 12 ulps apart is beyond both."""
+    problem = Problem(1, 8, 64, 4, 1, 64, dtype=torch.float32)
+    _, o, _ = _oracle(problem)
+    reference_o = o.float().double()
+    one_sided, both = TOLERANCES[torch.float32], two_sided(TOLERANCES[torch.float32])
+    eight = measure(_ulps_apart(o, 8), reference_o)
+    assert not judge(eight, one_sided).passed
+    assert judge(eight, both).passed, judge(eight, both).message()
+    twelve = measure(_ulps_apart(o, 12), reference_o)
+    assert not judge(twelve, both).passed
+
+
+def test_a_row_of_subnormal_outputs_is_measured_at_the_smallest_normal():
+    """fp16 outputs near 3e-6 are subnormal: rounding them costs up to half of 2^-24, far more
+    than half an ulp of their size (a sink that takes almost all the weight does this). A
+    correctly rounded row of them passes (each element counts at least at the smallest
+    normal); the same row 16 subnormal steps off fails."""
+    g = torch.Generator().manual_seed(0)
+    O = torch.randn(1, 4, 1, 432, dtype=torch.float64, generator=g) * 0.1
+    O[0, 3] *= 3e-5
+    rounded = O.to(torch.float16)
+    verdict = judge(measure(rounded, O))
+    assert verdict.passed, verdict.message()
+    off = rounded.clone()
+    off[0, 3] = (rounded[0, 3].view(torch.int16) + 16).view(torch.float16)
+    verdict = judge(measure(off, O))
+    assert not verdict.passed and "worst row: error at (b,t,h)=(0, 3, 0)" in verdict.message(), verdict.message()

@@ -22,10 +22,9 @@ MUTANTS = (
     Mutant(
         "cores-mn-layout", TRAP.id, "reads V transposed inside each 8 x 8 core matrix",
         lambda: patched_triton_kernel("cores-mn-layout", (
-            "v_base + cols[:, None] * stride_vs + offs_dv[None, :],\n"
-            "            mask=col_ok[:, None] & dv_ok[None, :], other=0.0,",
-            "v_base + ((cols[:, None] // 8) * 8 + offs_dv[None, :] % 8) * stride_vs + (offs_dv[None, :] // 8) * 8 + cols[:, None] % 8,\n"
-            "            mask=(((cols[:, None] // 8) * 8 + offs_dv[None, :] % 8) < hi) & dv_ok[None, :], other=0.0,",
+            "v = V.load([b, start, kvh, dv0]).reshape(BLOCK_N, BLOCK_DV)\n",
+            "v = V.load([b, start, kvh, dv0]).reshape(BLOCK_N, BLOCK_DV)\n"
+            "        v = v.reshape(BLOCK_N // 8, 8, BLOCK_DV // 8, 8).permute(0, 3, 2, 1).reshape(BLOCK_N, BLOCK_DV)\n",
         )),
     ),
 )

@@ -23,8 +23,10 @@ MUTANTS = (
     Mutant(
         "even-odd-columns", TRAP.id, "reads K's head dims 64 and above with each even/odd pair swapped",
         lambda: patched_triton_kernel("even-odd-columns", (
-            "k_base + cols[None, :] * stride_ks + (d0 + offs_d)[:, None],",
-            "k_base + cols[None, :] * stride_ks + ((d0 + offs_d) ^ ((d0 + offs_d) >= 64).to(tl.int32))[:, None],",
+            "ka = K.load([b, start, kvh, ca]).reshape(BLOCK_N, BLOCK_D)\n",
+            "ka = K.load([b, start, kvh, ca]).reshape(BLOCK_N, BLOCK_D)\n"
+            "        ka = tl.where((ca + tl.arange(0, BLOCK_D) >= 64)[None, :],\n"
+            "                      tl.flip(ka.reshape(BLOCK_N, BLOCK_D // 2, 2), 2).reshape(BLOCK_N, BLOCK_D), ka)\n",
         )),
     ),
 )

@@ -1,6 +1,8 @@
 """illegal-memory-access (seed 003, not in the DESIGN.md table): "tcgen05.mma TS crashed
 with illegal memory access -- likely TMEM A operand addressing". The P.V operand was
-addressed wrong. On a GPU the kernel raises an illegal memory access, which also poisons
+addressed wrong. Our K and V come through TMA descriptors, which zero-fill what lies out
+of bounds instead of faulting, so the mutant addresses the one operand still loaded through
+pointers, q. On a GPU the kernel raises an illegal memory access, which also poisons
 the CUDA context for every later call in the process; through the CPU interpreter it is a
 segmentation fault. Either way the framework must report it against this case and go on."""
 
@@ -19,11 +21,10 @@ TRAP = Trap(
 
 MUTANTS = (
     Mutant(
-        "illegal-memory-access", TRAP.id, "loads V from 2^40 elements past its base, unmasked",
+        "illegal-memory-access", TRAP.id, "loads q from 2^40 elements past its base, unmasked",
         lambda: patched_triton_kernel("illegal-memory-access", (
-            "v_base + cols[:, None] * stride_vs + offs_dv[None, :],\n"
-            "            mask=col_ok[:, None] & dv_ok[None, :], other=0.0,",
-            "v_base + 1099511627776 + cols[:, None] * stride_vs + offs_dv[None, :],",
+            "qa = tl.load(q_base + (ca + offs_d)[None, :], mask=row_ok[:, None] & (ca + offs_d < D)[None, :], other=0.0)",
+            "qa = tl.load(q_base + 1099511627776 + (ca + offs_d)[None, :])",
         )),
         isolate="crash",
     ),

@@ -19,7 +19,8 @@ TRAP = Trap(
 
 MUTANTS = (
     Mutant(
-        "partial-head-dim", TRAP.id, "the QK^T loop masks out head dims 64 and above",
-        lambda: patched_triton_kernel("partial-head-dim", ("d_ok = (d0 + offs_d) < D", "d_ok = (d0 + offs_d) < 64")),
+        "partial-head-dim", TRAP.id, "q's head dims 64 and above are masked out of QK^T",
+        lambda: patched_triton_kernel(
+            "partial-head-dim", ("(ca + offs_d < D)", "(ca + offs_d < 64)"), ("(cb + offs_d < D)", "(cb + offs_d < 64)")),
     ),
 )

@@ -22,8 +22,9 @@ MUTANTS = (
     Mutant(
         "smem-stride", TRAP.id, "stages only every 64th element of each K tile",
         lambda: patched_triton_kernel("smem-stride", (
-            "mask=col_ok[None, :] & d_ok[:, None], other=0.0,",
-            "mask=col_ok[None, :] & d_ok[:, None] & (((d0 + offs_d)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]) % 64 == 0), other=0.0,",
+            "ka = K.load([b, start, kvh, ca]).reshape(BLOCK_N, BLOCK_D)\n",
+            "ka = K.load([b, start, kvh, ca]).reshape(BLOCK_N, BLOCK_D)\n"
+            "        ka = tl.where((tl.arange(0, BLOCK_N)[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]) % 64 == 0, ka, 0.0)\n",
         )),
     ),
 )

@@ -20,6 +20,6 @@ TRAP = Trap(
 MUTANTS = (
     Mutant(
         "unmasked-padding", TRAP.id, "the softmax sees every column of the last KV tile, including the pad",
-        lambda: patched_triton_kernel("unmasked-padding", ("visible = col_ok[None, :]", "visible = (cols >= 0)[None, :]")),
+        lambda: patched_triton_kernel("unmasked-padding", ("visible = (cols < hi)[None, :]", "visible = (cols >= 0)[None, :]")),
     ),
 )

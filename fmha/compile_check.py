@@ -1,0 +1,103 @@
+"""Compile fmha's attention kernel for Hopper (sm_90) on any machine, no GPU needed, and report
+what the tile table costs: shared memory, registers, stack (spills).
+
+    TRITON_INTERPRET=0 python -m fmha.compile_check [HEAD_DIM ...] [--dtype bf16|fp16|fp32 ...]
+
+Triton's bundled ptxas does the work, so a tile that would not fit a real H100/H200 (shared
+memory above the 227 KiB a block may use) fails here, on a laptop or a CPU CI runner, instead
+of on the GPU runner. Exits 1 if any configuration does not compile or does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# Importing the fmha package already chose between compiling and interpreting (fmha/__init__.py
+# picks the interpreter on a machine without CUDA unless told otherwise).
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    sys.exit("fmha.compile_check compiles for the GPU: run it with TRITON_INTERPRET=0")
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fmha import triton_attention
+from fmha.problem import Problem
+
+HOPPER = GPUTarget("cuda", 90, 64)
+SHARED_MEMORY_LIMIT = 232448  # bytes a block may use on sm_90 (what Triton reports as the hardware limit)
+TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def compile_attention(problem: Problem) -> tuple[dict, int, int, int]:
+    """(tiles, shared memory bytes, registers per thread, stack bytes per thread) of the kernel
+    the host code would launch for `problem` on a GPU."""
+    tiles = triton_attention._tiles(problem, "cuda", k_is_v=problem.shared_kv)
+    kernel = triton_attention._attention_fwd
+    ty = TRITON_TYPES[problem.dtype]
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        Q=f"*{ty}", SINK=f"*{ty}", O=f"*{ty}", LSE="*fp32", qk_scale="fp32",
+        K=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_D']}]>",
+        V=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_DV']}]>",
+    )
+    constants = dict(
+        D=problem.head_dim, DV=problem.head_dim_v, CAUSAL=problem.causal, WINDOWED=problem.window is not None,
+        HAS_SINK=problem.sink, SPLIT=False, PV_MODE=triton_attention._pv_mode(problem.dtype), UPCAST=False,
+        **{k: v for k, v in tiles.items() if not k.startswith("num_")},
+    )
+    for name in constants:
+        signature[name] = "constexpr"
+    source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    compiled = triton.compile(source, target=HOPPER,
+                              options={"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
+    registers, stack = _resource_usage(compiled.asm["cubin"])
+    return tiles, compiled.metadata.shared, registers, stack
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        report = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                                check=True).stdout
+    found = re.search(r"REG:(\d+).*?STACK:(\d+)", report)
+    return int(found.group(1)), int(found.group(2))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("head_dims", type=int, nargs="*", default=[64, 80, 128, 192, 256, 384, 512])
+    parser.add_argument("--dtype", action="append", choices=sorted(TRITON_TYPES.values()), default=[])
+    args = parser.parse_args(argv)
+    dtypes = [t for t, name in TRITON_TYPES.items() if not args.dtype or name in args.dtype]
+    failures = 0
+    for head_dim, dtype, shared_kv in itertools.product(args.head_dims, dtypes, (False, True)):
+        # Many heads on one KV head (DSV4 decode): the table's full-size tiles.
+        problem = Problem(1, 1, 640, 128, 1, head_dim, dtype=dtype, shared_kv=shared_kv)
+        what = f"D={head_dim} {TRITON_TYPES[dtype]} {'K is V' if shared_kv else 'K, V'}"
+        try:
+            tiles, shared, registers, stack = compile_attention(problem)
+        except Exception as e:  # a compiler error is a finding, reported like the others
+            failures += 1
+            print(f"{what}: does not compile: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+            continue
+        fits = shared <= SHARED_MEMORY_LIMIT
+        failures += not fits
+        shape = tuple(tiles[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "num_warps", "num_stages"))
+        print(f"{what}: tiles {shape}{' V from the key tile' if tiles['V_FROM_K'] else ''}, "
+              f"shared {shared} B{'' if fits else ' OVER THE LIMIT'}, "
+              f"{registers} registers, stack {stack} B", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

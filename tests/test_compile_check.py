@@ -1,0 +1,33 @@
+"""fmha.compile_check: the kernel compiled for sm_90 on a machine without a GPU, and the tile
+table checked against Hopper's shared memory."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+
+
+@pytest.mark.timeout(600)
+def test_the_dsv4_tiles_compile_for_hopper_and_fit_shared_memory():
+    run = _run("import sys; from fmha.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16']))")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("shared") == 2, run.stdout  # K and V apart, and K is V
+
+
+@pytest.mark.timeout(600)
+def test_a_tile_too_large_for_shared_memory_is_reported():
+    # Without the host's shrinking, four stages of the K-is-V hd512 tile need ~290 KB.
+    run = _run("import sys; from fmha import triton_attention as ta; from fmha.compile_check import main\n"
+               "ta.SHARED_MEMORY_BYTES = 10**9; ta.SHARED_KV_TILES[512] = (128, 32, 256, 8, 4)\n"
+               "sys.exit(main(['512', '--dtype', 'bf16']))")
+    assert run.returncode == 1, run.stdout + run.stderr
+    over = [line for line in run.stdout.splitlines() if "OVER THE LIMIT" in line]
+    assert len(over) == 1 and "K is V: tiles (128, 32, 256, 256, 8, 4)" in over[0], run.stdout
