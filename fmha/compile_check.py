@@ -48,16 +48,12 @@ def compile_attention(problem: Problem) -> tuple[dict, int, int, int]:
         K=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_D']}]>",
         V=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_DV']}]>",
     )
-    constants = dict(
-        D=problem.head_dim, DV=problem.head_dim_v, CAUSAL=problem.causal, WINDOWED=problem.window is not None,
-        HAS_SINK=problem.sink, SPLIT=False, PV_MODE=triton_attention._pv_mode(problem.dtype), UPCAST=False,
-        **{k: v for k, v in tiles.items() if not k.startswith("num_")},
-    )
+    constants = triton_attention._specialization(problem, tiles, split=False, upcast=False)
+    options = {k: constants.pop(k) for k in ("num_warps", "num_stages")}
     for name in constants:
         signature[name] = "constexpr"
     source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    compiled = triton.compile(source, target=HOPPER,
-                              options={"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
+    compiled = triton.compile(source, target=HOPPER, options=options)
     registers, stack = _resource_usage(compiled.asm["cubin"])
     return tiles, compiled.metadata.shared, registers, stack
 

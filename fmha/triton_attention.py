@@ -264,6 +264,13 @@ def _tiles(problem, device_type: str, override: tuple | None = None, k_is_v: boo
     return t
 
 
+def _specialization(problem, tiles: dict, split: bool, upcast: bool) -> dict:
+    """The kernel's compile-time arguments for `problem` with `tiles` (warps and stages too)."""
+    return dict(D=problem.head_dim, DV=problem.head_dim_v, CAUSAL=problem.causal,
+                WINDOWED=problem.window is not None, HAS_SINK=problem.sink and not split, SPLIT=split,
+                PV_MODE=_pv_mode(problem.dtype), UPCAST=upcast, **tiles)
+
+
 def _keys_per_split(problem, device_type: str) -> int:
     """Split long key ranges of decode-like problems into fixed-size chunks (merged after).
 
@@ -330,17 +337,14 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
     upcast = interpreting() and q.dtype == torch.bfloat16
     grid = (row_blocks, B * HKV, splits * dv_blocks)
     k_desc = _key_descriptor(k, tiles["BLOCK_N"], tiles["BLOCK_D"])
-    v_desc = _key_descriptor(v, tiles["BLOCK_N"], tiles["BLOCK_DV"])
+    v_desc = k_desc if tiles["V_FROM_K"] else _key_descriptor(v, tiles["BLOCK_N"], tiles["BLOCK_DV"])
     _attention_fwd[grid](
         q, k_desc, v_desc, sink if sink is not None else q, target, target_lse,
         q.stride(0), q.stride(1), q.stride(2),
         target.stride(0), target.stride(1), target.stride(2), target.stride(3),
         target_lse.stride(0), target_lse.stride(1), target_lse.stride(2),
         T, S, HQ, G, window or 0, scale * LOG2E, keys_per_split,
-        D=D, DV=DV, CAUSAL=problem.causal, WINDOWED=window is not None,
-        HAS_SINK=sink is not None and splits == 1, SPLIT=splits > 1,
-        PV_MODE=_pv_mode(q.dtype), UPCAST=upcast,
-        **tiles,
+        **_specialization(problem, tiles, split=splits > 1, upcast=upcast),
     )
     if splits > 1:
         merge_into(o, lse, target, target_lse, sink)

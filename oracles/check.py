@@ -81,7 +81,7 @@ def judge_run(run: Run, tolerance: Tolerance | None = None, oracle=None) -> Verd
     x = run.inputs
     kwargs = x.kwargs(run.problem)
     oracle_o, oracle_lse = oracle if oracle is not None else oracle_of(run)
-    oracle_abs, _ = reference.attention(x.q, x.k, x.v.abs(), **kwargs)
+    oracle_abs = reference.magnitudes(x.q, x.k, x.v, **kwargs)
     metrics = measure(run.o, oracle_o, run.lse, oracle_lse, run.unwritten, visible_logit_rms(run.problem, x), oracle_abs)
     verdict = judge(metrics, tolerance)
     if not verdict.passed:

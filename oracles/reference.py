@@ -63,6 +63,12 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None):
     return o, lse
 
 
+def magnitudes(q, k, v, **kwargs) -> torch.Tensor:
+    """The oracle over |v|: for each output element, the sum of the magnitudes of the terms it
+    adds up, the scale its rounding error is relative to (|o| is far smaller where they cancel)."""
+    return attention(q, k, v.abs(), **kwargs)[0]
+
+
 def ksplit_attention(q, k, v, *, splits: int, scale=None, causal=False, window=None, sink=None):
     """Attention whose logits are summed over `splits` head-dim sub-blocks before the softmax.
 
