@@ -42,6 +42,9 @@ class Metrics:
     lse_inf_mismatch: int = 0  # -inf in one of kernel/oracle but not the other
     lse_scale: float | None = None  # least-squares slope of kernel lse against oracle lse
     elements: int = 0  # output elements measured: the sample the RMS statistics come from
+    # floor with the procedure's inherent error (measure's perfect_o) / floor without it: the
+    # cosine allowance, calibrated without, widens by its square
+    procedure_widening: float = 1.0
 
     def summary(self) -> str:
         line = (
@@ -85,6 +88,7 @@ def measure(
     unwritten: torch.Tensor | None = None,
     logit_rms: float = 0.0,
     oracle_abs: torch.Tensor | None = None,
+    perfect_o: torch.Tensor | None = None,
 ) -> Metrics:
     """Compare kernel output `o` (B, T, H, Dv) and `lse` (B, H, T) with the float64 oracle.
 
@@ -92,7 +96,9 @@ def measure(
     `logit_rms` (RMS of the visible logits) sets the error a perfect kernel makes by holding
     logits in float32: about 2**-24 * |s| relative, which dominates for fp32 outputs when
     |s| is large. `oracle_abs` is the oracle over |v| (the scale of the terms each output
-    element sums); without it |O| is used.
+    element sums); without it |O| is used. `perfect_o` is what a kernel without error of its
+    own returns through the caller's procedure (say, parts rounded to the output dtype, then
+    merged): its distance from the oracle is inherent to the procedure and joins the floor.
     """
     dtype = o.dtype
     O = oracle_o.double()
@@ -118,6 +124,10 @@ def measure(
         output_floor = 0.0
     # A floor of exactly 0 (an exactly representable oracle) would make any error infinite.
     output_floor = max(output_floor, 2.0 ** -(MANTISSA_BITS[dtype] + 4))
+    procedure_widening = 1.0
+    if perfect_o is not None and ref_norm > 0:
+        with_procedure = math.hypot(output_floor, float((perfect_o.double() - O).norm()) / ref_norm)
+        procedure_widening, output_floor = with_procedure / output_floor, with_procedure
     floor = math.hypot(output_floor, 2.0**-24 * logit_rms)
     error_ratio = rel_l2 / floor
 
@@ -155,6 +165,7 @@ def measure(
     metrics = Metrics(
         dtype=dtype, cos=cos, worst_row_cos=-worst_cos, worst_row_cos_at=worst_cos_at,
         rel_l2=rel_l2, output_floor=output_floor, floor=floor, error_ratio=error_ratio, magnitude=magnitude,
+        procedure_widening=procedure_widening,
         worst_row_err=worst_row_err, worst_row_err_at=worst_row_err_at,
         max_ulp=max_ulp, max_ulp_at=max_ulp_at, nonfinite=nonfinite, nonfinite_at=nonfinite_at,
         unwritten=int(unwritten.sum()), unwritten_rows=unwritten_rows, elements=x.numel(),

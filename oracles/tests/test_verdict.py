@@ -171,3 +171,27 @@ def test_a_row_of_subnormal_outputs_is_measured_at_the_smallest_normal():
     off[0, 3] = (rounded[0, 3].view(torch.int16) + 16).view(torch.float16)
     verdict = judge(measure(off, O))
     assert not verdict.passed and "worst row: error at (b,t,h)=(0, 3, 0)" in verdict.message(), verdict.message()
+
+
+def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
+    """Attention over two key ranges, each rounded to bf16 as a kernel returns it, then merged
+    (the split-and-merge law). Where the parts cancel (iota_v: parts near -0.6 and +1.4 merge
+    to about 0.1) rounding them costs 8.5x the floor of rounding |o| alone: the exact parts,
+    rounded, failed that floor; with the procedure's own error in the floor (perfect_o) they
+    pass, and a part weighted twice (its lse off by ln 2) still fails."""
+    bf16 = torch.bfloat16
+    problem = Problem(1, 1, 17, 1, 1, 16, dtype=bf16)
+    x = make_inputs(problem, "iota_v", 31)
+    parts = [reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi]) for lo, hi in ((0, 13), (13, 17))]
+    rounded = [(o.to(bf16), lse) for o, lse in parts]
+    O = reference.attention(x.q, x.k, x.v)[0]
+    A = reference.magnitudes(x.q, x.k, x.v)
+    perfect = reference.merge(rounded)[0]
+    merged = perfect.to(bf16)  # what a merge kernel returns
+    assert not judge(measure(merged, O, oracle_abs=A)).passed
+    verdict = judge(measure(merged, O, oracle_abs=A, perfect_o=perfect))
+    assert verdict.passed, verdict.message()
+    (o1, lse1), second = rounded
+    doubled = reference.merge([(o1, lse1 + math.log(2)), second])[0].to(bf16)
+    verdict = judge(measure(doubled, O, oracle_abs=A, perfect_o=perfect))
+    assert not verdict.passed and "cosine" in verdict.message(), verdict.message()
