@@ -13,12 +13,15 @@ Triton kernel does), against 50.7-51.0 us. Keeping P.V in flight across the loop
 made ptxas serialise every wgmma (C7514: the loop-carried accumulators are copied), so P.V
 still waits at the end of each tile.
 """
-import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.experimental.gluon.language.nvidia.hopper import tma, mbarrier, warpgroup_mma, warpgroup_mma_wait, warpgroup_mma_init
 
 
 @gluon.jit
