@@ -83,11 +83,11 @@ def _inputs(shape: Shape):
     return q, k, v
 
 
-def _ours(shape, q, k, v):
-    from fmha.triton_attention import attention
+def _ours(shape, q, k, v, gluon=None):
+    from fmha.triton_attention import _attention
 
     out = torch.empty(shape.B, shape.T, shape.Hq, shape.D, dtype=q.dtype, device="cuda")
-    return lambda: attention(q, k, v, causal=shape.causal, out=out)
+    return lambda: _attention(q, k, v, causal=shape.causal, out=out, gluon=gluon)
 
 
 def _sdpa(backend_name: str, shape, q, k, v):
@@ -125,7 +125,8 @@ def _flex(shape, q, k, v):
 
 
 CONTENDERS = {
-    "fmha triton": _ours,
+    "fmha triton": _ours,  # fmha.attention: the Gluon kernel where it applies (bf16 hd512)
+    "fmha, Gluon off": lambda *a: _ours(*a, gluon=False),
     "sdpa flash": lambda *a: _sdpa("FLASH_ATTENTION", *a),
     "sdpa efficient": lambda *a: _sdpa("EFFICIENT_ATTENTION", *a),
     "sdpa cudnn": lambda *a: _sdpa("CUDNN_ATTENTION", *a),

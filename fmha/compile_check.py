@@ -1,5 +1,6 @@
-"""Compile fmha's attention kernel for Hopper (sm_90) on any machine, no GPU needed, and report
-what the tile table costs: shared memory, registers, stack (spills).
+"""Compile fmha's attention kernels for Hopper (sm_90) on any machine, no GPU needed, and report
+what the tile table costs: shared memory, registers, stack (spills). Head dim 512 in bf16 also
+compiles the Gluon kernel that runs it on Hopper (fmha.gluon_attention).
 
     TRITON_INTERPRET=0 python -m fmha.compile_check [HEAD_DIM ...] [--dtype bf16|fp16|fp32 ...]
 
@@ -28,7 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fmha import triton_attention
+from fmha import gluon_attention, triton_attention
 from fmha.problem import Problem
 
 HOPPER = GPUTarget("cuda", 90, 64)
@@ -58,6 +59,26 @@ def compile_attention(problem: Problem) -> tuple[dict, int, int, int]:
     return tiles, compiled.metadata.shared, registers, stack
 
 
+def compile_gluon(problem: Problem) -> tuple[int, int, int]:
+    """(shared memory bytes, registers per thread, stack bytes per thread) of the Gluon kernel
+    for `problem` (bf16, head dim 512), with every mask and the sink compiled in."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = gluon_attention._attention_fwd
+    block = [1, gluon_attention.BLOCK_N.value, 1, gluon_attention.CHUNK.value]
+    descriptor = f"tensordesc<bf16[{','.join(map(str, block))}],{gluon_attention.key_layout()!r}>"
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(Q="*bf16", SINK="*bf16", O="*bf16", LSE="*fp32", qk_scale="fp32", k_desc=descriptor,
+                     v_desc=descriptor)
+    constants = gluon_attention.specialization(causal=True, windowed=True, sink=True, split=False,
+                                               k_is_v=problem.shared_kv)
+    for name in constants:
+        signature[name] = "constexpr"
+    source = GluonASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": 4})
+    return compiled.metadata.shared, *_resource_usage(compiled.asm["cubin"])
+
+
 def _resource_usage(cubin: bytes) -> tuple[int, int]:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -82,17 +103,24 @@ def main(argv=None) -> int:
         what = f"D={head_dim} {TRITON_TYPES[dtype]} {'K is V' if shared_kv else 'K, V'}"
         try:
             tiles, shared, registers, stack = compile_attention(problem)
-        except Exception as e:  # a compiler error is a finding, reported like the others
+            shape = tuple(tiles[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "num_warps", "num_stages"))
+            failures += _report(f"{what}: tiles {shape}{' V from the key tile' if tiles['V_FROM_K'] else ''}",
+                                shared, registers, stack)
+            if head_dim == gluon_attention.HEAD_DIM and dtype == torch.bfloat16:
+                what = f"{what}, Gluon"
+                failures += _report(what, *compile_gluon(problem))
+        except Exception as e:  # noqa: BLE001 -- a compiler error is a finding, reported like the others
             failures += 1
             print(f"{what}: does not compile: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
-            continue
-        fits = shared <= SHARED_MEMORY_LIMIT
-        failures += not fits
-        shape = tuple(tiles[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "num_warps", "num_stages"))
-        print(f"{what}: tiles {shape}{' V from the key tile' if tiles['V_FROM_K'] else ''}, "
-              f"shared {shared} B{'' if fits else ' OVER THE LIMIT'}, "
-              f"{registers} registers, stack {stack} B", flush=True)
     return 1 if failures else 0
+
+
+def _report(what: str, shared: int, registers: int, stack: int) -> bool:
+    """Print one configuration's resources; True if it does not fit."""
+    fits = shared <= SHARED_MEMORY_LIMIT
+    print(f"{what}, shared {shared} B{'' if fits else ' OVER THE LIMIT'}, {registers} registers, stack {stack} B",
+          flush=True)
+    return not fits
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import importlib
 
-from fmha import merge_torch, triton_attention, triton_merge
+from fmha import gluon_attention, merge_torch, triton_attention, triton_merge
 from fmha.adapters import flex, sdpa
 from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
 
-KERNELS: dict[str, KernelEntry] = {e.name: e for e in [triton_attention.ENTRY, *sdpa.ENTRIES, *flex.ENTRIES]}
+KERNELS: dict[str, KernelEntry] = {
+    e.name: e for e in [triton_attention.ENTRY, gluon_attention.ENTRY, *sdpa.ENTRIES, *flex.ENTRIES]
+}
 
 MERGES: dict[str, MergeEntry] = {
     m.name: m

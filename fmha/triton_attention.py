@@ -27,16 +27,21 @@ Split-KV: decode-like problems split key ranges longer than 1024 into fixed-size
 across programs; each writes a normalised fp32 partial and its LSE, and fmha.triton_merge
 combines them (adding the sink there), exactly as the contract's D5 merge. The chunk size
 does not depend on the batch, so results are batch-invariant.
+
+Dispatch: on a Hopper GPU, bf16 with head dim 512 (DSV4) runs fmha.gluon_attention instead,
+which computes QK^T once per row where this kernel computes it once per Dv slice; the host
+code here (checks, splits, merge) serves both. Everything else, and everything interpreted
+on the CPU, runs this kernel.
 """
 
 from __future__ import annotations
-
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from fmha import gluon_attention
 from fmha.capabilities import Capabilities, KernelEntry
 from fmha.contract import check_attention_args
 from fmha.triton_merge import merge_into
@@ -286,8 +291,8 @@ def _keys_per_split(problem, device_type: str) -> int:
     return 1024 if decode_like else max(problem.kv_len, 1)
 
 
-def _key_descriptor(t: torch.Tensor, block_n: int, block_d: int) -> TensorDescriptor:
-    """A TMA descriptor over keys or values (B, S, H, D) that loads (1, block_n, 1, block_d).
+def _key_operand(t: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Keys or values (B, S, H, D) as (tensor, shape, strides) that a TMA descriptor accepts.
 
     TMA wants a 16-byte aligned base and 16-byte multiples for the strides. A size-1 dim's
     stride is never used, so it is replaced; a view that still breaks the rules (misaligned
@@ -300,16 +305,25 @@ def _key_descriptor(t: torch.Tensor, block_n: int, block_d: int) -> TensorDescri
     if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in strides[:-1]):
         t = t.clone(memory_format=torch.contiguous_format)
         strides = list(t.stride())
-    return TensorDescriptor(t, list(t.shape), strides, [1, block_n, 1, block_d])
+    return t, list(t.shape), strides
+
+
+def _key_descriptor(t: torch.Tensor, block_n: int, block_d: int) -> TensorDescriptor:
+    """A TMA descriptor over keys or values (B, S, H, D) that loads (1, block_n, 1, block_d)."""
+    return TensorDescriptor(*_key_operand(t), [1, block_n, 1, block_d])
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
-    """The contract's attention (see fmha.contract) in one Triton kernel launch (two when
-    the keys are split)."""
+    """The contract's attention (see fmha.contract) in one kernel launch (two when the keys
+    are split): this module's Triton kernel, or on Hopper for bf16 head dim 512,
+    fmha.gluon_attention's."""
     return _attention(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
 
 
-def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, tiles=None, splits=None):
+def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, tiles=None, splits=None,
+               gluon=None):
+    """`tiles` (the Triton kernel's, for fmha.tune) and `splits` override the tables; `gluon`
+    False keeps to the Triton kernel where the Gluon one would run."""
     problem = check_attention_args(
         q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
         capabilities=ENTRY.capabilities_on(q.device.type),
@@ -323,19 +337,41 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
     if o.numel() == 0 or lse.numel() == 0:
         return o, lse.fill_(float("-inf"))
 
-    tiles = _tiles(problem, q.device.type, tiles, k_is_v=k is v)
-    row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
-    dv_blocks = triton.cdiv(DV, tiles["BLOCK_DV"])
+    if gluon is None:
+        gluon = tiles is None and not gluon_attention.not_used_reasons(problem, q.device)
+    if gluon:
+        block_n = gluon_attention.BLOCK_N.value
+    else:
+        tiles = _tiles(problem, q.device.type, tiles, k_is_v=k is v)
+        block_n = tiles["BLOCK_N"]
     keys_per_split = _keys_per_split(problem, q.device.type) if splits is None else triton.cdiv(max(S, 1), splits)
-    keys_per_split = triton.cdiv(keys_per_split, tiles["BLOCK_N"]) * tiles["BLOCK_N"]
+    keys_per_split = triton.cdiv(keys_per_split, block_n) * block_n
     splits = triton.cdiv(max(S, 1), keys_per_split)
     if splits > 1:
         target = torch.empty(splits, B, T, HQ, DV, dtype=torch.float32, device=q.device)
         target_lse = torch.empty(splits, B, HQ, T, dtype=torch.float32, device=q.device)
     else:
         target, target_lse = o.unsqueeze(0), lse.unsqueeze(0)
+    if gluon:
+        k_operand = _key_operand(k)
+        v_operand = k_operand if k is v else _key_operand(v)
+        gluon_attention.launch(q, k_operand, v_operand, sink, target, target_lse, T=T, S=S, G=G,
+                               window=window, qk_scale=scale * LOG2E, keys_per_split=keys_per_split, causal=causal,
+                               split=splits > 1, k_is_v=k is v)
+    else:
+        _launch(problem, q, k, v, sink, target, target_lse, tiles, T=T, S=S, G=G, window=window,
+                qk_scale=scale * LOG2E, keys_per_split=keys_per_split, split=splits > 1)
+    if splits > 1:
+        merge_into(o, lse, target, target_lse, sink)
+    return o, lse
+
+
+def _launch(problem, q, k, v, sink, target, target_lse, tiles, *, T, S, G, window, qk_scale, keys_per_split, split):
+    B, _, HQ, _ = q.shape
+    row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
+    dv_blocks = triton.cdiv(problem.head_dim_v, tiles["BLOCK_DV"])
     upcast = interpreting() and q.dtype == torch.bfloat16
-    grid = (row_blocks, B * HKV, splits * dv_blocks)
+    grid = (row_blocks, B * (HQ // G), target.shape[0] * dv_blocks)
     k_desc = _key_descriptor(k, tiles["BLOCK_N"], tiles["BLOCK_D"])
     v_desc = k_desc if tiles["V_FROM_K"] else _key_descriptor(v, tiles["BLOCK_N"], tiles["BLOCK_DV"])
     _attention_fwd[grid](
@@ -343,12 +379,9 @@ def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
         q.stride(0), q.stride(1), q.stride(2),
         target.stride(0), target.stride(1), target.stride(2), target.stride(3),
         target_lse.stride(0), target_lse.stride(1), target_lse.stride(2),
-        T, S, HQ, G, window or 0, scale * LOG2E, keys_per_split,
-        **_specialization(problem, tiles, split=splits > 1, upcast=upcast),
+        T, S, HQ, G, window or 0, qk_scale, keys_per_split,
+        **_specialization(problem, tiles, split=split, upcast=upcast),
     )
-    if splits > 1:
-        merge_into(o, lse, target, target_lse, sink)
-    return o, lse
 
 
 ENTRY = KernelEntry(
@@ -358,5 +391,6 @@ ENTRY = KernelEntry(
         head_dims=HEAD_DIMS,
         notes={"head_dim": "multiples of 16 up to 512 (tiles are powers of two, masked)"},
     ),
-    description="fmha's Triton forward kernel (compiled on CUDA, TRITON_INTERPRET=1 on CPU)",
+    description="fmha's Triton forward kernel (compiled on CUDA, TRITON_INTERPRET=1 on CPU); on Hopper, bf16 head dim "
+                "512 runs fmha.gluon_attention",
 )

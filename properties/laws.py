@@ -126,7 +126,14 @@ def linear_in_v(kernel, case: Case, device):
     v2[..., :half] = 0
     o1, _ = _call(kernel, case, x, v=v1)
     o2, _ = _call(kernel, case, x, v=v2)
-    assert_bitwise(o1 + o2, o_base, f"{kernel.name} {case.id}: o(v1) + o(v2) vs o(v1 + v2), disjoint columns")
+    # Zeros compare by value: where a sink drowns a row, o(v) is acc * 0 with acc's sign, and
+    # the zero of the other half makes o(v1) + o(v2) = -0 + +0 = +0 (H200, every kernel).
+    assert_bitwise(_unsigned_zeros(o1 + o2), _unsigned_zeros(o_base),
+                   f"{kernel.name} {case.id}: o(v1) + o(v2) vs o(v1 + v2), disjoint columns")
+
+
+def _unsigned_zeros(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(t == 0, torch.zeros_like(t), t)
 
 
 def gqa_equals_mha_with_repeated_kv(kernel, case: Case, device):
@@ -225,11 +232,18 @@ def merge_algebra(merge, case: Case, device):
     # The merge's weights are a softmax over the parts' lse: their fp32 rounding sets the floor.
     lses = torch.cat([lse.flatten() for _, lse in parts])
     lse_rms = float(lses[torch.isfinite(lses)].square().mean().sqrt()) if torch.isfinite(lses).any() else 0.0
-    assert_agrees(merge([b, a])[0], merge([a, b])[0], f"{where}: merge(b, a) vs merge(a, b)", logit_rms=lse_rms)
+    # Each merged element sums its parts' terms, which can cancel (iota_v: parts near -1.3,
+    # 0.01 and +1.3): its rounding scales with the merge of the parts' magnitudes, not with
+    # the result (CPU and H200, nightly profile: 157 units of |o| between (a b) c and a (b c)).
+    def magnitudes(*merged):
+        return reference.merge([(o.abs(), lse) for o, lse in merged])[0]
+
+    assert_agrees(merge([b, a])[0], merge([a, b])[0], f"{where}: merge(b, a) vs merge(a, b)", logit_rms=lse_rms,
+                  oracle_abs=magnitudes(a, b))
     assert_agrees(merge([merge([a, b]), c])[0], merge([a, merge([b, c])])[0], f"{where}: (a b) c vs a (b c)",
-                  logit_rms=lse_rms)
+                  logit_rms=lse_rms, oracle_abs=magnitudes(a, b, c))
     o2, lse2 = merge([a, a])
-    assert_agrees(o2, a[0], f"{where}: o of merge(a, a) vs a", logit_rms=lse_rms)
+    assert_agrees(o2, a[0], f"{where}: o of merge(a, a) vs a", logit_rms=lse_rms, oracle_abs=a[0].abs())
     finite = torch.isfinite(a[1])
     gap = (lse2 - a[1])[finite].double()
     tolerance = 4e-7 * (1 + (float(a[1][finite].abs().max()) if finite.any() else 0.0))

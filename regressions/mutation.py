@@ -50,22 +50,23 @@ def _mutant_dir() -> str:
     return path
 
 
-def patch_source(source: str, patches: tuple[tuple[str, str], ...], name: str) -> str:
+def patch_source(source: str, patches: tuple[tuple[str, str], ...], name: str,
+                 path: str = "fmha/triton_attention.py") -> str:
     for old, new in patches:
         count = source.count(old)
         if count != 1:
             raise MutationError(
-                f"mutant {name!r}: the patch target occurs {count} times in fmha/triton_attention.py "
+                f"mutant {name!r}: the patch target occurs {count} times in {path} "
                 f"(expected exactly once); the kernel changed, update the mutant. Target:\n{old}")
         source = source.replace(old, new)
     return source
 
 
-def patched_triton_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
-    """fmha's Triton attention with `patches` ((old, new) source snippets) applied."""
-    source = patch_source(inspect.getsource(triton_attention), patches, name)
+def _import_patched(prefix: str, name: str, source: str):
+    """`source` imported as a module of its own, from a private file (the JIT compilers read
+    the source of what they compile)."""
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-    module_name = f"fmha._mutant_{name.replace('-', '_')}_{digest}"
+    module_name = f"fmha.{prefix}_{name.replace('-', '_')}_{digest}"
     if module_name not in sys.modules:
         path = os.path.join(_mutant_dir(), f"{module_name}.py")
         if not os.path.exists(path):  # atomic: xdist workers may build the same mutant at once
@@ -77,8 +78,27 @@ def patched_triton_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
-    module = sys.modules[module_name]
-    return wrapped_kernel(name, module.attention, module.ENTRY.capabilities)
+    return sys.modules[module_name]
+
+
+def patched_triton_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
+    """fmha's Triton attention with `patches` ((old, new) source snippets) applied."""
+    module = _import_patched("_mutant", name, patch_source(inspect.getsource(triton_attention), patches, name))
+    # The patches are to the Triton kernel, so the mutant runs it where fmha.attention would
+    # hand the problem to the Gluon one (bf16 head dim 512 on Hopper).
+    return wrapped_kernel(name, functools.partial(module._attention, gluon=False), module.ENTRY.capabilities)
+
+
+def patched_gluon_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
+    """fmha.attention running fmha.gluon_attention with `patches` applied (Hopper GPUs only)."""
+    from fmha import gluon_attention
+
+    kernel = _import_patched("_mutant_gluon", name, patch_source(
+        inspect.getsource(gluon_attention), patches, name, "fmha/gluon_attention.py"))
+    host = _import_patched("_mutant_host", name, patch_source(
+        inspect.getsource(triton_attention), (("from fmha import gluon_attention\n",
+                                               f"import {kernel.__name__} as gluon_attention\n"),), name))
+    return wrapped_kernel(name, functools.partial(host._attention, gluon=True), kernel.CAPABILITIES)
 
 
 def wrapped_kernel(name: str, fn: Callable, capabilities=None) -> KernelEntry:

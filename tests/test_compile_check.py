@@ -1,5 +1,5 @@
-"""fmha.compile_check: the kernel compiled for sm_90 on a machine without a GPU, and the tile
-table checked against Hopper's shared memory."""
+"""fmha.compile_check: the kernels compiled for sm_90 on a machine without a GPU, and their
+tiles checked against Hopper's shared memory."""
 
 import os
 import subprocess
@@ -19,7 +19,8 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_the_dsv4_tiles_compile_for_hopper_and_fit_shared_memory():
     run = _run("import sys; from fmha.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16']))")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("shared") == 2, run.stdout  # K and V apart, and K is V
+    # K and V apart, and K is V, each by the Triton kernel and by the Gluon one.
+    assert run.stdout.count("shared") == 4 and run.stdout.count("Gluon") == 2, run.stdout
 
 
 @pytest.mark.timeout(600)
@@ -31,3 +32,14 @@ def test_a_tile_too_large_for_shared_memory_is_reported():
     assert run.returncode == 1, run.stdout + run.stderr
     over = [line for line in run.stdout.splitlines() if "OVER THE LIMIT" in line]
     assert len(over) == 1 and "K is V: tiles (128, 32, 256, 256, 8, 4)" in over[0], run.stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_gluon_ring_too_large_for_shared_memory_is_reported():
+    # A third 64-key stage of K is V adds 64 KiB to the 225 KiB the Gluon kernel uses.
+    run = _run("import sys; from fmha import gluon_attention as ga; from fmha.compile_check import main\n"
+               "ga.STAGES_K_IS_V = (3, 3)\n"
+               "sys.exit(main(['512', '--dtype', 'bf16']))")
+    assert run.returncode == 1, run.stdout + run.stderr
+    over = [line for line in run.stdout.splitlines() if "OVER THE LIMIT" in line]
+    assert len(over) == 1 and over[0].startswith("D=512 bf16 K is V, Gluon"), run.stdout

@@ -173,6 +173,28 @@ def test_a_row_of_subnormal_outputs_is_measured_at_the_smallest_normal():
     assert not verdict.passed and "worst row: error at (b,t,h)=(0, 3, 0)" in verdict.message(), verdict.message()
 
 
+def test_subnormal_results_flushed_to_zero_pass_and_normal_ones_fail():
+    """A bf16 row a sink drowns (exact values near 1e-39, below the smallest normal 1.2e-38)
+    comes back as zeros from a GPU kernel, which flushes subnormals: that passes. Zeroing a
+    row of normal values, or a subnormal row returned 16 steps off, still fails."""
+    bf16 = torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    O = torch.randn(1, 4, 1, 512, dtype=torch.float64, generator=g)
+    O[0, 3] *= 1e-39
+    rounded = O.to(bf16)
+    flushed = rounded.clone()
+    flushed[0, 3] = 0
+    verdict = judge(measure(flushed, O))
+    assert verdict.passed, verdict.message()
+    off = rounded.clone()
+    off[0, 3] = (rounded[0, 3].view(torch.int16) + 16).view(bf16)
+    assert not judge(measure(off, O)).passed
+    normal_zeroed = rounded.clone()
+    normal_zeroed[0, 2, 0, :8] = 0
+    verdict = judge(measure(normal_zeroed, O))
+    assert not verdict.passed and "(0, 2, 0" in verdict.message(), verdict.message()
+
+
 def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
     """Attention over two key ranges, each rounded to bf16 as a kernel returns it, then merged
     (the split-and-merge law). Where the parts cancel (iota_v: parts near -0.6 and +1.4 merge

@@ -1,0 +1,378 @@
+"""Head dim 512 in bf16 on Hopper: the contract's attention in Gluon (Triton's tile-level
+dialect: explicit layouts, shared memory, mbarriers and warp specialization), FlashMLA-style.
+
+Why not the Triton kernel. One warpgroup cannot hold a 64 x 512 fp32 accumulator, so
+fmha.triton_attention splits Dv = 512 across two programs, each recomputing QK^T over all 512
+head-dim columns: on DSV4 decode (B64 Hq128 T1 S640, K is V) that is 50-52 us, 3.3x the
+roofline floor. Here a CTA owns 64 rows and all of Dv, and QK^T is computed once per row:
+- warpgroup 0 (the default partition) computes QK^T (two 256-column chunks chained into one
+  accumulator), the masks and the online softmax, hands P (bf16 hi + lo) and the rescale
+  factor to warpgroup 1 through double-buffered shared memory, then does P.V for Dv[0:256];
+- warpgroup 1 does P.V for Dv[256:512] with P from shared memory;
+- a one-warp producer streams key (and value) tiles in by TMA.
+Warpgroups meet only at mbarriers, never at a CTA-wide barrier.
+
+Rows are packed (t, g) pairs per (batch, KV head) as in the Triton kernel, so decode puts a
+KV head's query heads in one tile, and causal, window, sink, LSE, split-KV partials and any
+output strides work the same way; the P.V precision scheme is the Triton kernel's (P as
+bf16 hi + lo, fp32 accumulation). The bits differ from the Triton kernel's (chained chunks,
+64 keys to a tile), not the accuracy (the nightly gate, 2026-11-30: the same cosines).
+
+K is V loads each key tile once and reads both P.V halves from it; separate V has its own
+tiles, fetched into a one-stage ring, and the arithmetic is the same instruction for
+instruction, so the two layouts give the same bits (the k-is-v law checks it).
+
+Gluon has no interpreter: only the GPU tier runs this kernel; `fmha.compile_check` compiles
+it for sm_90 on any machine.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fmha.capabilities import Capabilities, KernelEntry
+from fmha.contract import NotSupportedError, check_attention_args
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    IMPORT_ERROR = None
+except ImportError as e:  # an older Triton: the Triton kernel runs everything
+    IMPORT_ERROR = e
+
+# Kernel constants (constexpr so the kernel may read them; `.value` on the host).
+ROWS = tl.constexpr(64)  # rows per CTA: one wgmma M per warpgroup
+CHUNK = tl.constexpr(256)  # head-dim chunk: a TMA box is at most 256 wide
+BLOCK_N = tl.constexpr(64)  # keys per tile
+HEAD_DIM = 512
+# (key stages, value stages) in shared memory: q takes 64 KiB, P 32 KiB, a 64-key tile 64 KiB.
+STAGES_K_IS_V = (2, 2)  # the value tile is the key tile
+STAGES_SEPARATE_V = (1, 1)
+# Registers per thread: the two consumer warpgroups hold 64 x 256 fp32 accumulators, the
+# producer only addresses.
+CONSUMER_REGS, PRODUCER_REGS = tl.constexpr(232), tl.constexpr(40)
+
+
+if IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _tile(ring, j):
+        """Tile j of a key or value ring as a (BLOCK_N, CHUNK) MMA operand."""
+        return ring.index(j).reshape([BLOCK_N, CHUNK])
+
+    @gluon.jit
+    def _producer(k_desc, v_desc, k_s, v_s, kready, kfree, vready, vfree, b, kvh, lo, n_tiles,
+                  K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, V_FROM_K: gl.constexpr):
+        for i in range(n_tiles):
+            key = lo + i * BLOCK_N
+            ks = i % K_STAGES
+            mbarrier.wait(kfree.index(ks), ((i // K_STAGES) & 1) ^ 1)
+            mbarrier.expect(kready.index(ks), 2 * k_desc.block_type.nbytes)
+            for c in gl.static_range(2):
+                tma.async_copy_global_to_shared(k_desc, [b, key, kvh, c * CHUNK], kready.index(ks),
+                                                k_s.index(2 * ks + c))
+            if not V_FROM_K:
+                vs = i % V_STAGES
+                mbarrier.wait(vfree.index(vs), ((i // V_STAGES) & 1) ^ 1)
+                mbarrier.expect(vready.index(vs), 2 * v_desc.block_type.nbytes)
+                for c in gl.static_range(2):
+                    tma.async_copy_global_to_shared(v_desc, [b, key, kvh, c * CHUNK], vready.index(vs),
+                                                    v_s.index(2 * vs + c))
+
+    @gluon.jit
+    def _store_rows(O, o, split, b, kvh, row0, T, G, col0, stride_os, stride_ob, stride_ot, stride_oh,
+                    layout: gl.constexpr):
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = col0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
+        t = rows // G
+        h = kvh * G + rows % G
+        ptrs = O + split * stride_os + b * stride_ob + t[:, None] * stride_ot + h[:, None] * stride_oh + cols[None, :]
+        gl.store(ptrs, o.to(O.dtype.element_ty), mask=(rows < T * G)[:, None])
+
+    @gluon.jit
+    def _softmax_partition(q_s, k_s, v_s, p_s, a_s, f_s, kready, kfree, vready, vfree, pfull, pfree, done,
+                           SINK, O, LSE, stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh,
+                           split, b, kvh, row0, T, S, G, WINDOW, qk_scale, lo, hi, n_tiles,
+                           K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, V_FROM_K: gl.constexpr,
+                           CAUSAL: gl.constexpr, WINDOWED: gl.constexpr, HAS_SINK: gl.constexpr):
+        qk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_N, 16])
+        pv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, CHUNK, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=pv_layout, k_width=2)
+        row_qk: gl.constexpr = gl.SliceLayout(1, qk_layout)
+        row_pv: gl.constexpr = gl.SliceLayout(1, pv_layout)
+        rows = row0 + gl.arange(0, ROWS, layout=row_qk)
+        position = S - T + rows // G  # each row's query position, for the masks
+        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, qk_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_qk)
+        l_i = gl.zeros([ROWS], gl.float32, row_qk)
+        acc = gl.zeros([ROWS, CHUNK], gl.float32, pv_layout)
+        for i in range(n_tiles):
+            ks = i % K_STAGES
+            vs = i % V_STAGES
+            slot = i % 2
+            mbarrier.wait(kready.index(ks), (i // K_STAGES) & 1)
+            s = warpgroup_mma(q_s.index(0), _tile(k_s, 2 * ks).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_s.index(1), _tile(k_s, 2 * ks + 1).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            if not V_FROM_K:
+                mbarrier.arrive(kfree.index(ks), count=1)
+            cols = lo + i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk_layout))
+            visible = (cols < hi)[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= position[:, None])
+            if WINDOWED:
+                visible = visible & (cols[None, :] > position[:, None] - WINDOW)
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            p_hi = p.to(gl.bfloat16)
+            p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
+            # Hand P and the rescale to warpgroup 1 once it has finished with the slot.
+            mbarrier.wait(pfree.index(slot), ((i // 2) & 1) ^ 1)
+            p_s.index(2 * slot).store(p_hi)
+            p_s.index(2 * slot + 1).store(p_lo)
+            a_s.index(slot).store(alpha)
+            fence_async_shared()
+            mbarrier.arrive(pfull.index(slot), count=1)
+
+            acc = acc * gl.convert_layout(alpha, row_pv)[:, None]
+            mbarrier.wait(vready.index(vs), (i // V_STAGES) & 1)
+            v = _tile(v_s, 2 * vs)
+            acc = warpgroup_mma(gl.convert_layout(p_hi, p_layout), v, acc, is_async=True)
+            acc = warpgroup_mma(gl.convert_layout(p_lo, p_layout), v, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(vfree.index(vs), count=1)
+
+        scale_old = gl.full([ROWS], 1.0, gl.float32, row_qk)
+        if HAS_SINK:
+            # The sink joins the denominator (never a value); take the max with it first so a
+            # large sink cannot overflow exp2.
+            sink = gl.load(SINK + kvh * G + rows % G, mask=rows < T * G, other=0.0).to(gl.float32) * 1.4426950408889634
+            m_final = gl.maximum(m_i, sink)
+            m_final_safe = gl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
+            scale_old = gl.exp2(m_i - m_final_safe)
+            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe)
+            m_i = m_final
+        empty = l_i == 0.0
+        denominator = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(denominator)) * 0.6931471805599453)  # ln(2)
+        # Warpgroup 1 finishes its half with the same two factors.
+        f_s.index(0).store(scale_old)
+        f_s.index(1).store(denominator)
+        mbarrier.arrive(done, count=1)
+        lse_ptrs = LSE + split * stride_ls + b * stride_lb + (kvh * G + rows % G) * stride_lh + rows // G
+        gl.store(lse_ptrs, lse, mask=rows < T * G)
+        o = acc * gl.convert_layout(scale_old, row_pv)[:, None] / gl.convert_layout(denominator, row_pv)[:, None]
+        _store_rows(O, o, split, b, kvh, row0, T, G, 0, stride_os, stride_ob, stride_ot, stride_oh, pv_layout)
+
+    @gluon.jit
+    def _second_half_partition(v_s, p_s, a_s, f_s, vready, vfree, pfull, pfree, done,
+                               O, stride_os, stride_ob, stride_ot, stride_oh, split, b, kvh, row0, T, G, n_tiles,
+                               V_STAGES: gl.constexpr):
+        pv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, CHUNK, 16])
+        row_pv: gl.constexpr = gl.SliceLayout(1, pv_layout)
+        acc = gl.zeros([ROWS, CHUNK], gl.float32, pv_layout)
+        for i in range(n_tiles):
+            vs = i % V_STAGES
+            slot = i % 2
+            mbarrier.wait(pfull.index(slot), (i // 2) & 1)
+            acc = acc * a_s.index(slot).load(row_pv)[:, None]
+            mbarrier.wait(vready.index(vs), (i // V_STAGES) & 1)
+            v = _tile(v_s, 2 * vs + 1)
+            acc = warpgroup_mma(p_s.index(2 * slot), v, acc, is_async=True)
+            acc = warpgroup_mma(p_s.index(2 * slot + 1), v, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(pfree.index(slot), count=1)
+            mbarrier.arrive(vfree.index(vs), count=1)
+        mbarrier.wait(done, 0)
+        o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]
+        _store_rows(O, o, split, b, kvh, row0, T, G, CHUNK, stride_os, stride_ob, stride_ot, stride_oh, pv_layout)
+
+    @gluon.jit
+    def _attention_fwd(
+        Q, k_desc, v_desc, SINK, O, LSE,
+        stride_qb, stride_qt, stride_qh,
+        stride_os, stride_ob, stride_ot, stride_oh,
+        stride_ls, stride_lb, stride_lh,
+        T, S, HQ, G, WINDOW, qk_scale, keys_per_split,
+        CAUSAL: gl.constexpr, WINDOWED: gl.constexpr, HAS_SINK: gl.constexpr, V_FROM_K: gl.constexpr,
+        K_STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+    ):
+        row0 = gl.program_id(0) * ROWS
+        HKV = HQ // G
+        b = gl.program_id(1) // HKV
+        kvh = gl.program_id(1) % HKV
+        split = gl.program_id(2)
+
+        # The keys this CTA visits: its split, cut to what its rows can see.
+        lo = split * keys_per_split
+        hi = gl.minimum(S, lo + keys_per_split)
+        if CAUSAL:
+            last_t = gl.minimum(row0 + ROWS - 1, T * G - 1) // G
+            hi = gl.minimum(hi, S - T + last_t + 1)
+        if WINDOWED:
+            lo = gl.maximum(lo, S - T + row0 // G - WINDOW + 1)
+        n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
+
+        # q (rows packed (t, g), any strides) into shared memory once, in two head-dim chunks.
+        q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, CHUNK], gl.bfloat16)
+        q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, CHUNK], tile_layout)
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
+        q_rows = Q + b * stride_qb + (rows // G)[:, None] * stride_qt + (kvh * G + rows % G)[:, None] * stride_qh
+        for c in gl.static_range(2):
+            cols = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_layout))
+            q_s.index(c).store(gl.load(q_rows + cols[None, :], mask=(rows < T * G)[:, None], other=0.0))
+        fence_async_shared()
+
+        # Key and value tiles as TMA writes them: (1, BLOCK_N, 1, CHUNK) boxes of (B, S, HKV, D).
+        k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * K_STAGES, 1, BLOCK_N, 1, CHUNK], k_desc.layout)
+        if V_FROM_K:
+            v_s = k_s
+        else:
+            v_s = gl.allocate_shared_memory(gl.bfloat16, [2 * V_STAGES, 1, BLOCK_N, 1, CHUNK], v_desc.layout)
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [4, ROWS, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], gl.bfloat16))
+        vec_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        a_s = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_layout)
+        f_s = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_layout)
+        kready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+        kfree = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(K_STAGES):
+            mbarrier.init(kready.index(s), count=1)
+            # With K is V both warpgroups free a tile after P.V; else warpgroup 0 after QK^T.
+            mbarrier.init(kfree.index(s), count=2 if V_FROM_K else 1)
+        if V_FROM_K:
+            vready = kready
+            vfree = kfree
+        else:
+            vready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+            vfree = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(V_STAGES):
+                mbarrier.init(vready.index(s), count=1)
+                mbarrier.init(vfree.index(s), count=2)
+        pfull = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(2):
+            mbarrier.init(pfull.index(s), count=1)
+            mbarrier.init(pfree.index(s), count=1)
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(done, count=1)
+
+        gl.warp_specialize([
+            (_softmax_partition, (q_s, k_s, v_s, p_s, a_s, f_s, kready, kfree, vready, vfree, pfull, pfree, done,
+                                  SINK, O, LSE, stride_os, stride_ob, stride_ot, stride_oh,
+                                  stride_ls, stride_lb, stride_lh, split, b, kvh, row0, T, S, G, WINDOW, qk_scale,
+                                  lo, hi, n_tiles, K_STAGES, V_STAGES, V_FROM_K, CAUSAL, WINDOWED, HAS_SINK)),
+            (_second_half_partition, (v_s, p_s, a_s, f_s, vready, vfree, pfull, pfree, done,
+                                      O, stride_os, stride_ob, stride_ot, stride_oh, split, b, kvh, row0, T, G,
+                                      n_tiles, V_STAGES)),
+            (_producer, (k_desc, v_desc, k_s, v_s, kready, kfree, vready, vfree, b, kvh, lo, n_tiles,
+                         K_STAGES, V_STAGES, V_FROM_K)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+CAPABILITIES = Capabilities(
+    head_dims=(HEAD_DIM,),
+    dtypes=(torch.bfloat16,),
+    devices=("cuda",),
+    split_head_dim_v=False,
+    notes={"head_dim": "fmha.attention runs the Triton kernel for the others",
+           "dtype": "bf16 only (P as bf16 hi + lo, like the Triton kernel's bf16 path)",
+           "device": "a Hopper GPU: wgmma, TMA and warp specialization, no interpreter"},
+)
+
+
+def availability(device) -> str | None:
+    """Why the Gluon kernel cannot run on `device` ("cuda", a torch.device) at all, or None."""
+    if IMPORT_ERROR is not None:
+        return f"no Gluon in this Triton ({IMPORT_ERROR})"
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return f"needs a Hopper GPU (sm_90), this one is sm_{major}{minor}"
+    return None
+
+
+def not_used_reasons(problem, device: torch.device) -> list[str]:
+    """Why fmha.attention runs the Triton kernel, not this one, for `problem` on `device`;
+    empty when it runs this one."""
+    unavailable = availability(device)
+    return ([unavailable] if unavailable else []) + CAPABILITIES.not_supported_reasons(problem, device.type)
+
+
+def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+    """The contract's attention by this kernel only: NotSupportedError, with the reasons,
+    where fmha.attention would run the Triton kernel instead."""
+    from fmha.triton_attention import _attention  # that module dispatches to this one
+
+    problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
+                                   capabilities=CAPABILITIES)
+    reasons = not_used_reasons(problem, q.device)
+    if reasons:
+        raise NotSupportedError("; ".join(reasons))
+    return _attention(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out, gluon=True)
+
+
+ENTRY = KernelEntry(
+    name="gluon",
+    fn=attention,
+    capabilities=CAPABILITIES,
+    availability=availability,
+    default_devices=("cuda",),
+    description="fmha's Gluon kernel alone (bf16 head dim 512 on Hopper; fmha.attention runs it there)",
+)
+
+
+def key_layout():
+    """The shared-memory layout of a key or value tile as TMA writes it (1, BLOCK_N, 1, CHUNK)."""
+    return gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, 1, CHUNK], gl.bfloat16)
+
+
+def launch(q, k_view, v_view, sink, o, lse, *, T, S, G, window, qk_scale, keys_per_split, causal, split, k_is_v):
+    """Run the kernel into o (B, T, HQ, 512) and lse (B, HQ, T), or with `split`, into the
+    fp32 partials o (splits, B, T, HQ, 512) and lse (splits, B, HQ, T).
+
+    k_view and v_view are (tensor, shape, strides) that satisfy TMA (fmha.triton_attention's
+    _key_operand)."""
+    B, _, HQ, _ = q.shape
+    descriptors = [TensorDescriptor(t, shape, strides, [1, BLOCK_N.value, 1, CHUNK.value], key_layout())
+                   for t, shape, strides in (k_view, v_view)]
+    grid = (triton.cdiv(T * G, ROWS.value), B * (HQ // G), o.shape[0])
+    _attention_fwd[grid](
+        q, *descriptors, sink if sink is not None else q, o, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        o.stride(0), o.stride(1), o.stride(2), o.stride(3),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        T, S, HQ, G, window or 0, qk_scale, keys_per_split,
+        num_warps=4,
+        **specialization(causal=causal, windowed=window is not None, sink=sink is not None, split=split,
+                         k_is_v=k_is_v),
+    )
+
+
+def specialization(*, causal: bool, windowed: bool, sink: bool, split: bool, k_is_v: bool) -> dict:
+    """The kernel's compile-time arguments (also for fmha.compile_check)."""
+    k_stages, v_stages = STAGES_K_IS_V if k_is_v else STAGES_SEPARATE_V
+    return dict(CAUSAL=causal, WINDOWED=windowed, HAS_SINK=sink and not split, V_FROM_K=k_is_v,
+                K_STAGES=k_stages, V_STAGES=v_stages)
+

@@ -1,0 +1,51 @@
+"""Mutants of the Gluon kernel (fmha.gluon_attention, bf16 head dim 512 on Hopper): seed bugs
+put back into its code, each with the trap it belongs to, and the head-dim-512 reproducers
+that must catch them.
+
+They live apart from the kill matrix, which runs on the CPU where Gluon cannot:
+regressions/test_gluon_mutants.py runs them on a Hopper GPU (the GPU tier).
+"""
+
+from __future__ import annotations
+
+from fmha.problem import Problem
+from regressions.mutation import Mutant, patched_gluon_kernel
+from regressions.trap import reproducer
+
+# The trap reproducers in the Gluon kernel's shapes: DSV4 decode with a ragged last key tile,
+# and MTP-style causal GQA with a sink.
+CASES = (
+    reproducer(Problem(1, 1, 200, 64, 1, 512, shared_kv=True), why="DSV4-like decode, four key tiles, S ragged"),
+    reproducer(Problem(1, 4, 300, 16, 2, 512, causal=True, sink=True), why="causal GQA, two KV heads, sink"),
+)
+
+MUTANTS = (
+    Mutant(
+        "gluon-multi-tile-rescale", "multi-tile-rescale",
+        "warpgroup 1 never rescales its half of the accumulator when the running max grows",
+        lambda: patched_gluon_kernel("gluon-multi-tile-rescale", (
+            "acc = acc * a_s.index(slot).load(row_pv)[:, None]\n", "\n"))),
+    Mutant(
+        "gluon-partial-head-dim", "partial-head-dim",
+        "QK^T from the first 256 head-dim columns only",
+        lambda: patched_gluon_kernel("gluon-partial-head-dim", (
+            "            s = warpgroup_mma(q_s.index(1), _tile(k_s, 2 * ks + 1).permute((1, 0)), s, is_async=True)\n",
+            ""))),
+    Mutant(
+        "gluon-unmasked-padding", "unmasked-padding",
+        "keys past S (zero-filled by TMA) are not masked: each adds a logit of 0",
+        lambda: patched_gluon_kernel("gluon-unmasked-padding", (
+            "visible = (cols < hi)[None, :]", "visible = (cols >= 0)[None, :]"))),
+    Mutant(
+        "gluon-gqa-head-mapping", "gqa-head-mapping",
+        "q rows are read from the first KV head's query heads whatever the KV head",
+        lambda: patched_gluon_kernel("gluon-gqa-head-mapping", (
+            "(kvh * G + rows % G)[:, None] * stride_qh", "(rows % G)[:, None] * stride_qh"))),
+    Mutant(
+        "gluon-normalize-twice", "normalize-twice",
+        "warpgroup 1 divides its half by the softmax sum twice",
+        lambda: patched_gluon_kernel("gluon-normalize-twice", (
+            "o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]\n",
+            "o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]\n"
+            "        o = o / f_s.index(1).load(row_pv)[:, None]\n"))),
+)

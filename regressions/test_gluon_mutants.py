@@ -1,0 +1,42 @@
+"""The Gluon kernel's mutants (regressions/gluon_mutants.py): on a Hopper GPU each fails at
+least one head-dim-512 reproducer, which fmha's own kernel passes."""
+
+import pytest
+import torch
+
+from fmha import gluon_attention
+from fmha.registry import resolve_kernel
+from regressions.gluon_mutants import CASES, MUTANTS
+from regressions.trap import check_case
+from regressions.traps import TRAPS
+
+pytestmark = pytest.mark.regression
+
+
+@pytest.fixture
+def hopper(device):
+    reasons = gluon_attention.not_used_reasons(CASES[0].problem, torch.device(device))
+    if reasons:
+        pytest.skip(f"the Gluon kernel does not run here: {'; '.join(reasons)}")
+    return device
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_gluon_mutant_builds_and_names_a_trap(mutant):
+    """On any machine: the patch still applies exactly once (MutationError otherwise)."""
+    assert mutant.trap in TRAPS, f"mutant {mutant.name}: no trap {mutant.trap!r}"
+    mutant.kernel()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_fmha_passes_the_gluon_reproducers(case, hopper):
+    assert check_case(resolve_kernel("triton"), case, hopper) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_gluon_mutant_is_caught(mutant, hopper):
+    failures = {case.id: check_case(mutant.kernel(), case, hopper) for case in CASES}
+    assert any(failures.values()), (f"mutant {mutant.name} ({mutant.bug}) passes every head-dim-512 reproducer "
+                                    f"({', '.join(failures)}): the trap {mutant.trap} does not reach the Gluon kernel")
