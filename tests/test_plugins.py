@@ -113,7 +113,7 @@ def test_a_buggy_plugged_kernel_fails_naming_its_bug(plugged, plugin, named):
 def test_an_unknown_kernel_name_is_a_usage_error(plugged):
     result = plugged.runpytest(AGREEMENT, "--fmha-kernel=no-such-kernel")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "unknown name; registered: triton, sdpa-math" in result.stderr.str()
+    assert "unknown name; registered: triton, gluon, sdpa-math" in result.stderr.str()
 
 
 def test_a_missing_attribute_is_a_usage_error(plugged):
