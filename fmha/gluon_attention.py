@@ -72,23 +72,22 @@ if IMPORT_ERROR is None:
         return ring.index(j).reshape([BLOCK_N, CHUNK])
 
     @gluon.jit
+    def _fetch(desc, ring, ready, free, i, b, key, kvh, STAGES: gl.constexpr):
+        """Tile i (keys from `key`, both head-dim chunks) into its ring slot once it is free."""
+        s = i % STAGES
+        mbarrier.wait(free.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), 2 * desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            tma.async_copy_global_to_shared(desc, [b, key, kvh, c * CHUNK], ready.index(s), ring.index(2 * s + c))
+
+    @gluon.jit
     def _producer(k_desc, v_desc, k_s, v_s, kready, kfree, vready, vfree, b, kvh, lo, n_tiles,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, V_FROM_K: gl.constexpr):
         for i in range(n_tiles):
             key = lo + i * BLOCK_N
-            ks = i % K_STAGES
-            mbarrier.wait(kfree.index(ks), ((i // K_STAGES) & 1) ^ 1)
-            mbarrier.expect(kready.index(ks), 2 * k_desc.block_type.nbytes)
-            for c in gl.static_range(2):
-                tma.async_copy_global_to_shared(k_desc, [b, key, kvh, c * CHUNK], kready.index(ks),
-                                                k_s.index(2 * ks + c))
+            _fetch(k_desc, k_s, kready, kfree, i, b, key, kvh, K_STAGES)
             if not V_FROM_K:
-                vs = i % V_STAGES
-                mbarrier.wait(vfree.index(vs), ((i // V_STAGES) & 1) ^ 1)
-                mbarrier.expect(vready.index(vs), 2 * v_desc.block_type.nbytes)
-                for c in gl.static_range(2):
-                    tma.async_copy_global_to_shared(v_desc, [b, key, kvh, c * CHUNK], vready.index(vs),
-                                                    v_s.index(2 * vs + c))
+                _fetch(v_desc, v_s, vready, vfree, i, b, key, kvh, V_STAGES)
 
     @gluon.jit
     def _store_rows(O, o, split, b, kvh, row0, T, G, col0, stride_os, stride_ob, stride_ot, stride_oh,
