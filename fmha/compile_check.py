@@ -41,22 +41,15 @@ def compile_attention(problem: Problem) -> tuple[dict, int, int, int]:
     """(tiles, shared memory bytes, registers per thread, stack bytes per thread) of the kernel
     the host code would launch for `problem` on a GPU."""
     tiles = triton_attention._tiles(problem, "cuda", k_is_v=problem.shared_kv)
-    kernel = triton_attention._attention_fwd
     ty = TRITON_TYPES[problem.dtype]
-    signature = {name: "i32" for name in kernel.arg_names}
-    signature.update(
+    types = dict(
         Q=f"*{ty}", SINK=f"*{ty}", O=f"*{ty}", LSE="*fp32", qk_scale="fp32",
         K=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_D']}]>",
         V=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_DV']}]>",
     )
     constants = triton_attention._specialization(problem, tiles, split=False, upcast=False)
     options = {k: constants.pop(k) for k in ("num_warps", "num_stages")}
-    for name in constants:
-        signature[name] = "constexpr"
-    source = ASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    compiled = triton.compile(source, target=HOPPER, options=options)
-    registers, stack = _resource_usage(compiled.asm["cubin"])
-    return tiles, compiled.metadata.shared, registers, stack
+    return tiles, *_compile(ASTSource, triton_attention._attention_fwd, types, constants, options)
 
 
 def compile_gluon(problem: Problem) -> tuple[int, int, int]:
@@ -64,18 +57,23 @@ def compile_gluon(problem: Problem) -> tuple[int, int, int]:
     for `problem` (bf16, head dim 512), with every mask and the sink compiled in."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel = gluon_attention._attention_fwd
     block = [1, gluon_attention.BLOCK_N.value, 1, gluon_attention.CHUNK.value]
     descriptor = f"tensordesc<bf16[{','.join(map(str, block))}],{gluon_attention.key_layout()!r}>"
-    signature = {name: "i32" for name in kernel.arg_names}
-    signature.update(Q="*bf16", SINK="*bf16", O="*bf16", LSE="*fp32", qk_scale="fp32", k_desc=descriptor,
-                     v_desc=descriptor)
+    types = dict(Q="*bf16", SINK="*bf16", O="*bf16", LSE="*fp32", qk_scale="fp32", k_desc=descriptor,
+                 v_desc=descriptor)
     constants = gluon_attention.specialization(causal=True, windowed=True, sink=True, split=False,
                                                k_is_v=problem.shared_kv)
-    for name in constants:
-        signature[name] = "constexpr"
-    source = GluonASTSource(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": 4})
+    return _compile(GluonASTSource, gluon_attention._attention_fwd, types, constants, {"num_warps": 4})
+
+
+def _compile(source_type, kernel, types: dict, constants: dict, options: dict) -> tuple[int, int, int]:
+    """Compile `kernel` for sm_90 (arguments not in `types` are i32, `constants` constexpr);
+    return (shared memory bytes, registers per thread, stack bytes per thread)."""
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(types)
+    signature.update({name: "constexpr" for name in constants})
+    source = source_type(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    compiled = triton.compile(source, target=HOPPER, options=options)
     return compiled.metadata.shared, *_resource_usage(compiled.asm["cubin"])
 
 

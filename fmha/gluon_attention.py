@@ -28,6 +28,8 @@ it for sm_90 on any machine.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -300,8 +302,10 @@ CAPABILITIES = Capabilities(
 )
 
 
+@functools.cache
 def availability(device) -> str | None:
-    """Why the Gluon kernel cannot run on `device` ("cuda", a torch.device) at all, or None."""
+    """Why the Gluon kernel cannot run on `device` ("cuda", a torch.device) at all, or None.
+    Cached: fmha.attention asks on every call."""
     if IMPORT_ERROR is not None:
         return f"no Gluon in this Triton ({IMPORT_ERROR})"
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
@@ -324,11 +328,11 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=
     where fmha.attention would run the Triton kernel instead."""
     from fmha.triton_attention import _attention  # that module dispatches to this one
 
-    problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
-                                   capabilities=CAPABILITIES)
-    reasons = not_used_reasons(problem, q.device)
-    if reasons:
-        raise NotSupportedError("; ".join(reasons))
+    check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
+                         capabilities=CAPABILITIES)
+    unavailable = availability(q.device)
+    if unavailable:
+        raise NotSupportedError(unavailable)
     return _attention(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out, gluon=True)
 
 

@@ -15,6 +15,14 @@ def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
 
+def _over_the_limit(setup: str) -> tuple[list[str], str]:
+    """compile_check for hd512 bf16 after `setup` (code that enlarges a tile): it must exit 1;
+    the lines it reports over the limit, and its output."""
+    run = _run(f"import sys; from fmha.compile_check import main\n{setup}\nsys.exit(main(['512', '--dtype', 'bf16']))")
+    assert run.returncode == 1, run.stdout + run.stderr
+    return [line for line in run.stdout.splitlines() if "OVER THE LIMIT" in line], run.stdout
+
+
 @pytest.mark.timeout(600)
 def test_the_dsv4_tiles_compile_for_hopper_and_fit_shared_memory():
     run = _run("import sys; from fmha.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16']))")
@@ -26,20 +34,13 @@ def test_the_dsv4_tiles_compile_for_hopper_and_fit_shared_memory():
 @pytest.mark.timeout(600)
 def test_a_tile_too_large_for_shared_memory_is_reported():
     # Without the host's shrinking, four stages of the K-is-V hd512 tile need ~290 KB.
-    run = _run("import sys; from fmha import triton_attention as ta; from fmha.compile_check import main\n"
-               "ta.SHARED_MEMORY_BYTES = 10**9; ta.SHARED_KV_TILES[512] = (128, 32, 256, 8, 4)\n"
-               "sys.exit(main(['512', '--dtype', 'bf16']))")
-    assert run.returncode == 1, run.stdout + run.stderr
-    over = [line for line in run.stdout.splitlines() if "OVER THE LIMIT" in line]
-    assert len(over) == 1 and "K is V: tiles (128, 32, 256, 256, 8, 4)" in over[0], run.stdout
+    over, stdout = _over_the_limit("from fmha import triton_attention as ta\n"
+                                   "ta.SHARED_MEMORY_BYTES = 10**9; ta.SHARED_KV_TILES[512] = (128, 32, 256, 8, 4)")
+    assert len(over) == 1 and "K is V: tiles (128, 32, 256, 256, 8, 4)" in over[0], stdout
 
 
 @pytest.mark.timeout(600)
 def test_a_gluon_ring_too_large_for_shared_memory_is_reported():
     # A third 64-key stage of K is V adds 64 KiB to the 225 KiB the Gluon kernel uses.
-    run = _run("import sys; from fmha import gluon_attention as ga; from fmha.compile_check import main\n"
-               "ga.STAGES_K_IS_V = (3, 3)\n"
-               "sys.exit(main(['512', '--dtype', 'bf16']))")
-    assert run.returncode == 1, run.stdout + run.stderr
-    over = [line for line in run.stdout.splitlines() if "OVER THE LIMIT" in line]
-    assert len(over) == 1 and over[0].startswith("D=512 bf16 K is V, Gluon"), run.stdout
+    over, stdout = _over_the_limit("from fmha import gluon_attention as ga\nga.STAGES_K_IS_V = (3, 3)")
+    assert len(over) == 1 and over[0].startswith("D=512 bf16 K is V, Gluon"), stdout
