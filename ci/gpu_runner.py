@@ -22,8 +22,12 @@ import sys
 import pytest
 import torch
 
+from fmha.ci.plugin import DEVICE
+
 POISONED_SECTION = "fmha: CUDA context"
 WORKER_EXIT_CODE = 3
+GPU = pytest.StashKey[int | None]()  # the GPU this process's tests run on (None: not pinned)
+POISONED = pytest.StashKey[str]()  # on a test item: the error its failure left the context with
 
 
 def cuda_context_error() -> str | None:
@@ -36,25 +40,26 @@ def cuda_context_error() -> str | None:
     return None
 
 
-@pytest.hookimpl(trylast=True)  # after ci.plugin has chosen the device
+@pytest.hookimpl(trylast=True)  # after fmha.ci.plugin has chosen the device
 def pytest_configure(config):
-    config.fmha_gpu = None
+    config.stash[GPU] = None
+    config.pluginmanager.register(CrashReasons(), "fmha-crash-reasons")
     workerinput = getattr(config, "workerinput", None)
-    if config.fmha_device == "cuda" and workerinput is not None:
-        config.fmha_gpu = int(workerinput["workerid"].removeprefix("gw")) % torch.cuda.device_count()
-        torch.cuda.set_device(config.fmha_gpu)
+    if config.stash[DEVICE] == "cuda" and workerinput is not None:
+        config.stash[GPU] = int(workerinput["workerid"].removeprefix("gw")) % torch.cuda.device_count()
+        torch.cuda.set_device(config.stash[GPU])
 
 
 def pytest_runtest_setup(item):
-    if item.config.fmha_gpu is not None:
-        item.user_properties.append(("gpu", item.config.fmha_gpu))
+    if item.config.stash[GPU] is not None:
+        item.user_properties.append(("gpu", item.config.stash[GPU]))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if call.when != "call" or not report.failed or item.config.fmha_device != "cuda":
+    if call.when != "call" or not report.failed or item.config.stash[DEVICE] != "cuda":
         return
     error = cuda_context_error()
     if error:
@@ -62,13 +67,13 @@ def pytest_runtest_makereport(item, call):
         then = ("this xdist worker exits after reporting it and a fresh worker runs the remaining tests"
                 if in_worker else "the session stops: later tests cannot run in this process (use pytest -n)")
         report.sections.append((POISONED_SECTION, f"this test left the CUDA context unusable ({error}); {then}"))
-        item.fmha_poisoned = error
+        item.stash[POISONED] = error
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     yield  # every report of the item has been sent by now
-    error = getattr(item, "fmha_poisoned", None)
+    error = item.stash.get(POISONED, None)
     if not error:
         return
     if hasattr(item.config, "workerinput"):
@@ -78,17 +83,18 @@ def pytest_runtest_protocol(item, nextitem):
     item.session.shouldstop = f"CUDA context poisoned by {item.nodeid}: {error}"
 
 
-_POISONED_BY: set[str] = set()  # on the xdist controller: tests whose failure poisoned a worker
+class CrashReasons:
+    """On the xdist controller: say why a worker went down after a test poisoned its context."""
 
+    def __init__(self):
+        self.poisoned_by: set[str] = set()
 
-def pytest_runtest_logreport(report):
-    if any(title == POISONED_SECTION for title, _ in report.sections):
-        _POISONED_BY.add(report.nodeid)
+    def pytest_runtest_logreport(self, report):
+        if any(title == POISONED_SECTION for title, _ in report.sections):
+            self.poisoned_by.add(report.nodeid)
 
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem, report, sched):
-    """xdist, on the controller: say why the worker went down."""
-    if crashitem in _POISONED_BY:
-        report.longrepr = (f"{report.longrepr}: the worker exited on purpose after this test poisoned the "
-                           "CUDA context (its failure is reported above); a fresh worker took over")
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem, report, sched):
+        if crashitem in self.poisoned_by:
+            report.longrepr = (f"{report.longrepr}: the worker exited on purpose after this test poisoned the "
+                               "CUDA context (its failure is reported above); a fresh worker took over")

@@ -1,6 +1,6 @@
 """The nightly gate: every kernel on the 72-config grid must reach cosine >= 0.999998.
 
-    python -m ci.nightly [--fmha-kernel NAME|module:attr ...] [--out DIR] [--seeds N]
+    python -m fmha.ci.nightly [--fmha-kernel NAME|module:attr ...] [--out DIR] [--seeds N]
 
 For each kernel (selected as in pytest; registry defaults otherwise) it runs the grid x
 layouts (MHA, MQA with K = V) x distributions (normal, peaky, flat) x seeds against the
@@ -27,12 +27,15 @@ from pathlib import Path
 
 import torch
 
-from ci.cli import kernel_parser, selected_kernels
-from ci.report_html import write_page
+from tqdm import tqdm
+
+from fmha.ci.cli import kernel_parser, parse, selected_kernels
+from fmha.ci.report_html import write_page
+from fmha.oracles.check import judge_run, run_kernel
+from fmha.oracles.sample import Sample
 from fmha.problem import DTYPE_NAMES
-from oracles.check import judge_run, run_kernel
-from oracles.inputs import make_inputs
-from properties.grid import GRID, grid_id, grid_problem
+from fmha.properties.grid import GRID, config_id, grid_id, grid_problem
+from fmha.tables import Table
 
 GATE = 0.999998
 LAYOUTS = ("mha", "mqa")
@@ -42,41 +45,31 @@ CPU_SLICE = {(1, 128), (4, 128), (1, 100), (4, 640)}
 
 
 def run_gate(kernels, device: str, seeds: int, configs, progress=True) -> list[dict]:
+    """One record per run. A kernel that raises (or returns the wrong shape, or ignores out=)
+    gets that run recorded as a failure with the error, and the gate goes on."""
     records = []
-    total = len(kernels) * len(configs) * len(LAYOUTS) * len(DISTRIBUTIONS) * seeds
-    done = 0
-    for kernel in kernels:
-        for config in configs:
-            for layout in LAYOUTS:
-                problem = grid_problem(config, layout)
-                reasons = kernel.not_supported_reasons(problem, device)
-                for distribution in DISTRIBUTIONS:
-                    for seed in range(seeds):
-                        done += 1
-                        record = dict(kernel=kernel.name, config=config.id, case=grid_id(config, layout),
-                                      head_dim=config.head_dim, q_len=config.q_len, kv_len=config.kv_len,
-                                      layout=layout, distribution=distribution, seed=seed,
-                                      dtype=DTYPE_NAMES[problem.dtype])
-                        if reasons:
-                            record["skipped"] = "; ".join(reasons)
-                        else:
-                            inputs = make_inputs(problem, distribution, seed, device)
-                            m = judge_run(run_kernel(kernel, problem, inputs)).metrics
-                            record.update(cos=m.cos, worst_row_cos=m.worst_row_cos, error_ratio=m.error_ratio,
-                                          lse_err=m.lse_max_err, passed=m.cos >= GATE)
-                        records.append(record)
-                        if progress:
-                            _progress(done, total, kernel.name, record["case"])
-    if progress:
-        print(file=sys.stderr)
+    runs = [(kernel, config, layout, distribution, seed) for kernel in kernels for config in configs
+            for layout in LAYOUTS for distribution in DISTRIBUTIONS for seed in range(seeds)]
+    for kernel, config, layout, distribution, seed in tqdm(runs, unit="run", file=sys.stderr,
+                                                            disable=None if progress else True):
+        problem = grid_problem(config, layout)
+        record = dict(kernel=kernel.name, config=config_id(config), case=grid_id(config, layout),
+                      head_dim=config.head_dim, q_len=config.q_len, kv_len=config.kv_len,
+                      layout=layout, distribution=distribution, seed=seed, dtype=DTYPE_NAMES[problem.dtype])
+        reasons = kernel.not_supported_reasons(problem, device)
+        if reasons:
+            record["skipped"] = "; ".join(reasons)
+        else:
+            try:
+                sample = Sample(problem=problem, distribution=distribution, seed=seed)
+                m = judge_run(run_kernel(kernel, sample.inputs(device))).metrics
+                record.update(cos=m.cos, worst_row_cos=m.worst_row_cos, error_ratio=m.error_ratio,
+                              lse_err=m.lse_max_err, passed=m.cos >= GATE)
+            except Exception as e:  # noqa: BLE001 -- a kernel that fails costs its run, not the gate
+                record.update(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                              passed=False)
+        records.append(record)
     return records
-
-
-def _progress(done: int, total: int, kernel: str, case: str) -> None:
-    width = 30
-    filled = width * done // total
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {kernel} {case:<24}")
-    sys.stderr.flush()
 
 
 @dataclass
@@ -94,13 +87,18 @@ class KernelTally:
         return [r for r in self.ran if not r["passed"]]
 
     @property
+    def errors(self) -> list[dict]:
+        """Runs where the kernel raised instead of returning an answer."""
+        return [r for r in self.runs if "error" in r]
+
+    @property
     def configs(self) -> set[str]:
         return {r["config"] for r in self.runs}
 
     @property
     def configs_at_gate(self) -> set[str]:
         """Configs the kernel ran, every run at the gate."""
-        return {r["config"] for r in self.ran} - {r["config"] for r in self.below}
+        return {r["config"] for r in self.ran} - {r["config"] for r in self.below + self.errors}
 
 
 def tally(records: list[dict]) -> dict[str, KernelTally]:
@@ -112,19 +110,22 @@ def tally(records: list[dict]) -> dict[str, KernelTally]:
 
 def summarize(records: list[dict], previous: list[dict] | None, header: str) -> tuple[str, bool]:
     lines = [header, "", f"Gate: global cosine >= {GATE} against the float64 oracle, every run.", ""]
-    lines += ["| kernel | configs at gate | runs | skipped | cos min | cos median |", "|---|---|---|---|---|---|"]
+    table = Table(["kernel", "configs at gate", "runs", "raised", "skipped", "cos min", "cos median"])
     failing_lines = []
     for kernel, t in tally(records).items():
         cos = [r["cos"] for r in t.ran]
-        lines.append(f"| {kernel} | {len(t.configs_at_gate)}/{len(t.configs)} | {len(t.ran)} | "
-                     f"{len(t.runs) - len(t.ran)} | {min(cos):.7f} | {statistics.median(cos):.7f} |" if cos else
-                     f"| {kernel} | 0/{len(t.configs)} | 0 | {len(t.runs)} | - | - |")
+        table.add(kernel, f"{len(t.configs_at_gate)}/{len(t.configs)}", len(t.ran), len(t.errors),
+                  len(t.runs) - len(t.ran) - len(t.errors), f"{min(cos):.7f}" if cos else "-",
+                  f"{statistics.median(cos):.7f}" if cos else "-")
         failing_lines += [f"- {kernel} {r['case']} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}, "
                           f"{GATE - r['cos']:.2e} below the gate (worst row {r['worst_row_cos']:.7f})"
                           for r in t.below]
+        failing_lines += [f"- {kernel} {r['case']} {r['distribution']} seed {r['seed']}: raised {r['error']}"
+                          for r in t.errors]
+    lines.append(table.markdown())
     any_fail = bool(failing_lines)
     if failing_lines:
-        lines += ["", f"## Below the gate ({len(failing_lines)} runs)", ""] + failing_lines[:200]
+        lines += ["", f"## Below the gate or raised ({len(failing_lines)} runs)", ""] + failing_lines[:200]
         if len(failing_lines) > 200:
             lines.append(f"- ... {len(failing_lines) - 200} more in results.json")
     skipped = sorted({(r["kernel"], r["case"], r["skipped"]) for r in records if "skipped" in r})
@@ -170,25 +171,25 @@ def main(argv=None) -> int:
     parser.add_argument("--full-grid", action="store_true", help="on CPU too (slow through the interpreter)")
     parser.add_argument("--report-only", action="store_true",
                         help="only re-render summary.md and index.html from DIR/results.json")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.report_only:
         saved = json.loads((args.out / "results.json").read_text())
         return _report(saved["records"], None, saved["header"], args.out)
     kernels = selected_kernels(parser, args)
-    reduced = args.device == "cpu" and not args.full_grid
+    reduced = args.fmha_device == "cpu" and not args.full_grid
     configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
-    seeds = args.seeds or (1 if args.device == "cpu" else 3)
+    seeds = args.seeds or (1 if args.fmha_device == "cpu" else 3)
 
-    records = run_gate(kernels, args.device, seeds, configs)
+    records = run_gate(kernels, args.fmha_device, seeds, configs)
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     previous = json.loads(results_path.read_text())["records"] if results_path.exists() else None
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (Triton interpreter)"
+    device_name = torch.cuda.get_device_name() if args.fmha_device == "cuda" else "CPU (Triton interpreter)"
     header = (f"# Nightly gate, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
               f"{device_name}, torch {torch.__version__}; {len(configs)} configs"
               f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} x {', '.join(DISTRIBUTIONS)}"
               f" x {seeds} seed(s); bf16; B=2, Hq=8, causal.\n\n"
-              f"Command: python -m ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
+              f"Command: python -m fmha.ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
     write_atomically(results_path, json.dumps(dict(device=device_name, torch=torch.__version__, gate=GATE,
                                                    header=header, records=records), indent=1, default=_json_safe))
     return _report(records, previous, header, args.out)

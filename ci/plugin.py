@@ -1,27 +1,32 @@
 """pytest plumbing for fmha: kernel selection, device, markers, skips that carry reasons.
 
-    pytest --fmha-kernel sdpa-math --fmha-kernel my_pkg.attn:fwd   # repeatable
+Installed with fmha as a pytest11 entry point, so it is active in any pytest session of that
+environment, from any directory:
+
+    pytest --pyargs fmha --fmha-kernel my_pkg.attn:fwd              # the suite, your kernel
+    pytest --fmha-kernel sdpa-math --fmha-kernel my_pkg.attn:fwd    # repeatable
     pytest --fmha-merge torch-merge --fmha-merge my_pkg.merge:merge
-    pytest --fmha-device cpu                                       # default: cuda if present
+    pytest --fmha-device cpu                                        # default: cuda if present
+    pytest --fmha-known-failures my_known_failures.toml             # your kernels' ledger
 
 A test takes the `kernel` (or `merge_kernel`) argument to run once per selected kernel. When
-it is also parametrized with a `problem`, a combination the kernel does not support becomes a
-skip whose message is the kernel's own reason; `@pytest.mark.fmha_needs("lse")` adds
-per-call needs to that check.
+it is also parametrized with a `problem` or a `sample`, a combination the kernel does not
+support becomes a skip whose message is the kernel's own reason, and so does a
+NotSupportedError the kernel raises when called; `@pytest.mark.fmha_needs("lse")` adds
+per-call needs to that check. A failing test with a kernel prints the command that reruns it.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 
-from fmha import registry
+from fmha.capabilities import KernelEntry
+from fmha.contract import NotSupportedError
 from fmha.problem import Problem
-from regressions.ledger import known_failure
 
 MARKERS = {
     "gpu": "needs a CUDA device; skipped with a reason elsewhere",
@@ -33,17 +38,37 @@ MARKERS = {
 }
 
 
-# Hypothesis profiles, chosen with --hypothesis-profile (default: ci under CI=true, else dev).
-_SLOW_DRAWS = [HealthCheck.too_slow, HealthCheck.data_too_large]
-settings.register_profile("dev", max_examples=10, deadline=None, suppress_health_check=_SLOW_DRAWS)
-settings.register_profile("ci", max_examples=8, deadline=None, derandomize=True, database=None,
-                          print_blob=True, suppress_health_check=_SLOW_DRAWS)
-settings.register_profile("nightly", max_examples=200, deadline=None, print_blob=True,
-                          database=DirectoryBasedExampleDatabase(".hypothesis/nightly"),
-                          suppress_health_check=_SLOW_DRAWS)
-# triage: first failure, unshrunk, fast (shrinking through the CPU interpreter takes minutes).
-settings.register_profile("triage", settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate])
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+def _register_profiles() -> None:
+    """Hypothesis profiles for the laws, chosen with --hypothesis-profile; without it the laws
+    run under fmha-ci when CI is set, else fmha-dev (other tests in the session keep their
+    own). Registered on import, before hypothesis reads --hypothesis-profile; an environment
+    without hypothesis (fmha installed without [test]) gets the plugin without them."""
+    try:
+        from hypothesis import HealthCheck, Phase, settings
+        from hypothesis.database import DirectoryBasedExampleDatabase
+    except ImportError:
+        return
+    slow_draws = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws)
+    settings.register_profile("fmha-ci", max_examples=8, deadline=None, derandomize=True, database=None,
+                              print_blob=True, suppress_health_check=slow_draws)
+    settings.register_profile("fmha-nightly", max_examples=200, deadline=None, print_blob=True,
+                              database=DirectoryBasedExampleDatabase(".hypothesis/nightly"),
+                              suppress_health_check=slow_draws)
+    # triage: first failure, unshrunk, fast (shrinking through the CPU interpreter takes minutes).
+    settings.register_profile("fmha-triage", settings.get_profile("fmha-ci"),
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+_register_profiles()
+
+DEVICE = pytest.StashKey[str]()
+KERNELS = pytest.StashKey[list]()
+MERGES = pytest.StashKey[list]()
+KNOWN_FAILURES = pytest.StashKey[tuple]()
+
+# Options a rerun of one test needs, as given to this session.
+_RERUN_OPTIONS = ("--fmha-device", "--fmha-known-failures", "--hypothesis-profile")
 
 
 def pytest_addoption(parser):
@@ -55,47 +80,74 @@ def pytest_addoption(parser):
                     help="merge callable under test (repeatable); default: every registered merge")
     group.addoption("--fmha-device", default=None, choices=("cpu", "cuda"),
                     help="device to test on; default cuda when available, else cpu")
+    group.addoption("--fmha-known-failures", default=None, metavar="FILE",
+                    help="a TOML file of known failures of your kernels (the ledger's records), run as strict xfails")
     group.addoption("--fmha-nightly", action="store_true", help="also run tests marked nightly")
     group.addoption("--fmha-slow", action="store_true", help="on the CPU, also run tests marked slow")
 
 
 def pytest_configure(config):
+    from fmha.regressions import ledger
+
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    # Triton 3.6's interpreter takes int() of 1-element arrays for runtime loop bounds.
+    config.addinivalue_line("filterwarnings", "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
     device = config.getoption("--fmha-device") or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--fmha-device cuda: CUDA is not available on this machine")
+    config.stash[DEVICE] = device
+    known = ledger.LEDGER
+    path = config.getoption("--fmha-known-failures")
     try:
-        kernels = registry.selected_kernels(config.getoption("--fmha-kernel"), device)
-        merges = [registry.resolve_merge(s) for s in config.getoption("--fmha-merge")]
+        if path:
+            known += ledger.load_known_failures(path)
+        if config.getoption("--fmha-kernel") or config.getoption("--fmha-merge"):
+            _selection(config)  # a bad name is a usage error now, not a collection error later
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
-    config.fmha_device = device
-    config.fmha_kernels = kernels
-    config.fmha_merges = merges or list(registry.MERGES.values())
+    config.stash[KNOWN_FAILURES] = known
+
+
+def _selection(config) -> tuple[list[KernelEntry], list]:
+    """The selected kernels and merges, resolved on first use (the registry imports Triton,
+    which a session without fmha tests does not need)."""
+    if KERNELS not in config.stash:
+        from fmha import registry
+
+        device = config.stash[DEVICE]
+        config.stash[KERNELS] = registry.selected_kernels(config.getoption("--fmha-kernel"), device)
+        merges = [registry.resolve_merge(s) for s in config.getoption("--fmha-merge")]
+        config.stash[MERGES] = merges or list(registry.MERGES.values())
+    return config.stash[KERNELS], config.stash[MERGES]
 
 
 def pytest_report_header(config):
-    names = ", ".join(k.name for k in config.fmha_kernels)
-    merges = ", ".join(m.name for m in config.fmha_merges)
-    return f"fmha: device {config.fmha_device}; kernels {names}; merges {merges}"
+    if not (config.getoption("--fmha-kernel") or config.getoption("--fmha-merge")):
+        return f"fmha: device {config.stash[DEVICE]}"
+    kernels, merges = _selection(config)
+    return (f"fmha: device {config.stash[DEVICE]}; kernels {', '.join(k.name for k in kernels)}; "
+            f"merges {', '.join(m.name for m in merges)}")
 
 
 def pytest_generate_tests(metafunc):
-    config = metafunc.config
-    if "kernel" in metafunc.fixturenames:
-        metafunc.parametrize("kernel", config.fmha_kernels, ids=[k.name for k in config.fmha_kernels])
-    if "merge_kernel" in metafunc.fixturenames:
-        metafunc.parametrize("merge_kernel", config.fmha_merges, ids=[m.name for m in config.fmha_merges])
+    if "kernel" in metafunc.fixturenames or "merge_kernel" in metafunc.fixturenames:
+        kernels, merges = _selection(metafunc.config)
+        if "kernel" in metafunc.fixturenames:
+            metafunc.parametrize("kernel", kernels, ids=[k.name for k in kernels])
+        if "merge_kernel" in metafunc.fixturenames:
+            metafunc.parametrize("merge_kernel", merges, ids=[m.name for m in merges])
 
 
 def problem_params(problems, marks=()) -> list:
-    """pytest.param per Problem, with the problem's readable id."""
+    """pytest.param per Problem (or Sample), with its readable id."""
     return [pytest.param(p, id=p.id, marks=marks) for p in problems]
 
 
 def pytest_collection_modifyitems(config, items):
-    device = config.fmha_device
+    from fmha.regressions.ledger import known_failure
+
+    device = config.stash[DEVICE]
     for item in items:
         if item.get_closest_marker("gpu") and device != "cuda":
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (running on cpu)"))
@@ -111,14 +163,15 @@ def pytest_collection_modifyitems(config, items):
             if reasons:
                 item.add_marker(pytest.mark.skip(reason=f"{params['merge_kernel'].name}: {'; '.join(reasons)}"))
         kernel = params.get("kernel")
-        problem = params.get("problem") or getattr(params.get("case"), "problem", None)
-        if kernel is not None:
-            record = known_failure(kernel.name, item.originalname, device, item.callspec.id)
-            if record:
-                item.add_marker(pytest.mark.xfail(strict=True, run=not record.quarantine,
-                                                  reason=f"known failure ({record.issue}): {record.reason}"
-                                                  + (" [quarantined: not launched]" if record.quarantine else "")))
-        if kernel is None or not isinstance(problem, Problem):
+        if kernel is None:
+            continue
+        record = known_failure(config.stash[KNOWN_FAILURES], kernel.name, item.originalname, device, item.callspec.id)
+        if record:
+            item.add_marker(pytest.mark.xfail(strict=True, run=not record.quarantine,
+                                              reason=f"known failure ({record.issue}): {record.reason}"
+                                              + (" [quarantined: not launched]" if record.quarantine else "")))
+        problem = params.get("problem") or getattr(params.get("sample"), "problem", None)
+        if not isinstance(problem, Problem):
             continue
         needs = [f for marker in item.iter_markers("fmha_needs") for f in marker.args]
         reasons = kernel.not_supported_reasons(problem, device, needs)
@@ -126,6 +179,51 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"{kernel.name}: {'; '.join(reasons)}"))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A valid call the kernel refuses (NotSupportedError) is a skip carrying its reason."""
+    try:
+        return (yield)
+    except NotSupportedError as e:
+        kernel = getattr(pyfuncitem, "callspec", None) and pyfuncitem.callspec.params.get("kernel")
+        pytest.skip(f"{kernel.name if kernel else 'the kernel'} raised NotSupportedError: {e}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and call.when == "call" and "kernel" in getattr(getattr(item, "callspec", None), "params", {}):
+        report.sections.append(("fmha: reproduce", reproduce_command(item)))
+    return report
+
+
+def reproduce_command(item) -> str:
+    """A command that reruns `item` alone against the same kernel, runnable as printed from
+    the directory this session ran in (the test file by its absolute path)."""
+    config = item.config
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    args = ["pytest", f"{item.path}::{item.name}"]
+    if "kernel" in params:
+        args += ["--fmha-kernel", params["kernel"].name]
+    if "merge_kernel" in params:
+        args += ["--fmha-merge", params["merge_kernel"].name]
+    for option in _RERUN_OPTIONS:
+        value = config.getoption(option, None) if option != "--fmha-device" else config.stash[DEVICE]
+        if value:
+            args += [option, os.path.abspath(value) if option == "--fmha-known-failures" else value]
+    return shlex.join(args)
+
+
+def law_settings(config):
+    """The hypothesis settings the laws run under: those of --hypothesis-profile when given,
+    else fmha-ci under CI and fmha-dev elsewhere."""
+    from hypothesis import settings
+
+    if config.getoption("hypothesis_profile", None):
+        return None  # hypothesis has loaded the profile as the default
+    return settings.get_profile("fmha-ci" if os.environ.get("CI") else "fmha-dev")
+
+
 @pytest.fixture(scope="session")
 def device(request) -> str:
-    return request.config.fmha_device
+    return request.config.stash[DEVICE]

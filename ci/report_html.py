@@ -7,6 +7,8 @@ import html
 import math
 from pathlib import Path
 
+from fmha.tables import Table
+
 
 def worst_by_cell(runs: list[dict]) -> dict[tuple, float | None]:
     """(head_dim, q_len, kv_len) -> worst 1 - cos of one kernel's runs over layouts,
@@ -67,13 +69,12 @@ def write_page(tallies: dict, gate: float, header_lines: list[str], out_dir: Pat
              "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}td,th{padding:2px 8px}"
              ".fail{color:#b00}</style>"]
     parts += [f"<p>{html.escape(line)}</p>" for line in header_lines if line.strip()]
-    parts.append("<table border=1><tr><th>kernel</th><th>configs at the gate</th><th>runs below</th>"
-                 "<th>cos min</th></tr>")
+    table = Table(["kernel", "configs at the gate", "runs below", "runs raised", "cos min"])
     for kernel, t in tallies.items():
         low = min((r["cos"] for r in t.ran), default=float("nan"))
-        parts.append(f"<tr><td>{html.escape(kernel)}</td><td>{len(t.configs_at_gate)}/{len(t.configs)}</td>"
-                     f"<td class={'fail' if t.below else 'ok'}>{len(t.below)}</td><td>{low:.7f}</td></tr>")
-    parts.append("</table>")
+        table.add(kernel, f"{len(t.configs_at_gate)}/{len(t.configs)}", len(t.below), len(t.errors), f"{low:.7f}",
+                  css="fail" if t.below or t.errors else "")
+    parts.append(table.html())
     try:
         import matplotlib  # noqa: F401
         plotting = True
@@ -85,10 +86,11 @@ def write_page(tallies: dict, gate: float, header_lines: list[str], out_dir: Pat
         if plotting:
             png = heatmap(t.runs, kernel, gate, out_dir / f"heatmap-{_slug(kernel)}.png")
             parts.append(f"<img src='{png.name}' alt='1 - cosine heatmap of {kernel}'>")
-        if t.below:
-            parts.append("<details><summary>" + f"{len(t.below)} runs below the gate</summary><ul>" + "".join(
-                f"<li>{html.escape(r['case'])} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}</li>"
-                for r in t.below[:300]) + "</ul></details>")
+        if t.below or t.errors:
+            items = [f"{r['case']} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}" for r in t.below]
+            items += [f"{r['case']} {r['distribution']} seed {r['seed']}: raised {r['error']}" for r in t.errors]
+            parts.append(f"<details><summary>{len(items)} runs below the gate or raised</summary><ul>"
+                         + "".join(f"<li>{html.escape(item)}</li>" for item in items[:300]) + "</ul></details>")
     path = out_dir / "index.html"
     path.write_text("\n".join(parts) + "\n")
     return path

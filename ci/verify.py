@@ -1,29 +1,46 @@
 """Verify kernels against the float64 oracle from the command line: the README's main job.
 
-    python -m ci.verify                                  # registry defaults for this device
-    python -m ci.verify --fmha-kernel sdpa-math --fmha-kernel my_pkg.attn:fwd
-    python -m ci.verify --calibrate --seeds 4            # worst metric values, for the tolerances
+    python -m fmha.ci.verify                                  # registry defaults for this device
+    python -m fmha.ci.verify --fmha-kernel sdpa-math --fmha-kernel my_pkg.attn:fwd
+    python -m fmha.ci.verify --json verify.json               # every result, for tools
+    python -m fmha.ci.verify --calibrate --seeds 4            # worst metric values, for the tolerances
 
-Runs every feature case x dtype x input distribution x seed that each kernel supports,
-prints one line per (kernel, dtype) and every failing verdict, and exits 1 if any failed.
-With --calibrate it prints the worst value of each gated metric instead (the table in
-oracles/CALIBRATION.md).
+Two passes per kernel: agreement with the oracle on the feature cases (every dtype and input
+distribution, --seeds seeds each), and a fast pass of the metamorphic laws (--law-examples
+derandomized draws each, unshrunk: `pytest --pyargs fmha` shrinks). A kernel that raises
+costs that case, recorded with its error, and the run goes on; a NotSupportedError is a
+skip with the kernel's reason. Prints progress, a table, the findings grouped (identical
+failures once, with their count and cases) and the reasons for every skip; exits 1 if
+anything failed or raised.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
+import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
 
+import pytest
 import torch
+from hypothesis import HealthCheck, Phase, settings
+from tqdm import tqdm
 
-from ci.cli import kernel_parser, selected_kernels
+from fmha.ci.cli import kernel_parser, parse, selected_kernels
+from fmha.contract import NotSupportedError
+from fmha.oracles.check import judge_run, run_kernel
+from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.problem import DTYPE_NAMES
-from oracles.check import judge_run, run_kernel
-from oracles.inputs import DISTRIBUTIONS, make_inputs
-from properties.feature_cases import FEATURE_CASES, with_dtypes
+from fmha.properties import laws
+from fmha.properties.feature_cases import FEATURE_CASES, with_dtypes
+from fmha.properties.pinned import PINNED
+from fmha.properties.strategies import samples
+from fmha.registry import MERGES
+from fmha.regressions import ledger
+from fmha.tables import Table
 
 # Gated metric -> worse-is-larger value.
 WORST = {
@@ -36,58 +53,170 @@ WORST = {
 }
 
 
+@dataclass
+class Result:
+    kernel: str
+    part: str  # "agreement" or "laws"
+    what: str  # the sample's id, or the law's name
+    dtype: str  # "" for laws
+    outcome: str  # passed, failed, raised, skipped, known (a known failure), fixed (a known failure passed)
+    message: str = ""  # the failure, the error, or the skip reason
+    signature: str = ""  # what identical findings share
+
+    @property
+    def bad(self) -> bool:
+        return self.outcome in ("failed", "raised", "fixed")
+
+
+def _against_ledger(result: Result, known, device: str, test: str) -> Result:
+    """A failure the ledger records is `known`; a pass it records as failing is `fixed` (the
+    record must go, as pytest's strict xfail says)."""
+    record = ledger.known_failure(known, result.kernel, test, device, result.what)
+    if record is None or result.outcome == "skipped":
+        return result
+    if result.outcome == "passed":
+        return Result(result.kernel, result.part, result.what, result.dtype, "fixed",
+                      f"passes, but is recorded as a known failure ({record.issue}): remove the record",
+                      "passes though recorded as a known failure")
+    return Result(result.kernel, result.part, result.what, result.dtype, "known",
+                  f"known failure ({record.issue}): {record.reason}")
+
+
+def _signature(text: str) -> str:
+    """A finding without its numbers and locations: identical bugs give identical signatures."""
+    return re.sub(r"\(b,t,h(,d)?\)=\([^)]*\)|-?\d+(\.\d+)?(e[-+]?\d+)?", "#", text)
+
+
+def agreement(kernel, sample, device: str, worst=None) -> Result:
+    dtype = DTYPE_NAMES[sample.problem.dtype]
+    reasons = kernel.not_supported_reasons(sample.problem, device)
+    if reasons:
+        return Result(kernel.name, "agreement", sample.id, dtype, "skipped", "; ".join(reasons))
+    try:
+        verdict = judge_run(run_kernel(kernel, sample.inputs(device)), kernel=kernel)
+    except NotSupportedError as e:
+        return Result(kernel.name, "agreement", sample.id, dtype, "skipped", f"raised NotSupportedError: {e}")
+    except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this case, not the run
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return Result(kernel.name, "agreement", sample.id, dtype, "raised", error, f"raised {_signature(error)}")
+    if worst is not None:
+        row = worst[(kernel.name, dtype)]
+        for column, value in WORST.items():
+            row[column] = max(row[column], (value(verdict.metrics), sample.id))
+    if verdict.passed:
+        return Result(kernel.name, "agreement", sample.id, dtype, "passed")
+    # The same likely cause is the same finding, whichever checks it trips; without one, the
+    # checks that failed are what identical findings share.
+    signature = "; ".join(verdict.hints) or "fails " + ", ".join(f.split(":")[0] for f in verdict.failures)
+    return Result(kernel.name, "agreement", sample.id, dtype, "failed", verdict.message(f"{kernel.name} {sample.id}"),
+                  _signature(signature))
+
+
+def law_pass(kernel, law, device: str, examples: int) -> Result:
+    """The law on a few derandomized draws, unshrunk."""
+    try:
+        laws.require(kernel, device, *laws.KERNEL_LAWS[law])
+    except pytest.skip.Exception as e:
+        return Result(kernel.name, "laws", law.__name__, "", "skipped", e.msg.removeprefix(f"{kernel.name}: "))
+    operands = (kernel, MERGES["fmha"]) if law is laws.split_keys_merge_to_the_whole else (kernel,)
+    quick = settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+                     phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
+                     suppress_health_check=list(HealthCheck))
+    pinned = [s for s in PINNED.get(law.__name__, []) if not kernel.not_supported_reasons(s.problem, device)]
+    try:
+        laws.run_law(law, samples(kernel.capabilities_on(device), device), *operands, device=device, settings=quick,
+                     pinned=pinned)
+    except pytest.skip.Exception as e:
+        return Result(kernel.name, "laws", law.__name__, "", "skipped", e.msg)
+    except AssertionError as e:
+        notes = "\n".join(line for line in getattr(e, "__notes__", []) if line.startswith("pin it"))
+        first = str(e).splitlines()[0]
+        return Result(kernel.name, "laws", law.__name__, "", "failed", f"{e}\n{notes}".strip(),
+                      _signature(f"{law.__name__}: {first.split(':', 1)[-1]}"))
+    except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this law, not the run
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return Result(kernel.name, "laws", law.__name__, "", "raised", error, f"{law.__name__} raised {_signature(error)}")
+    return Result(kernel.name, "laws", law.__name__, "", "passed")
+
+
+def report(results: list[Result], header: str) -> str:
+    lines = [header, ""]
+    counts = Counter((r.kernel, r.part, r.dtype, r.outcome) for r in results)
+    groups = sorted({(r.kernel, r.part, r.dtype) for r in results}, key=lambda g: (g[0], g[1], g[2]))
+    outcomes = ("passed", "failed", "raised", "skipped", "known", "fixed")
+    table = Table(["kernel", "part", "dtype", *outcomes])
+    for kernel, part, dtype in groups:
+        table.add(kernel, part, dtype or "all", *(counts[(kernel, part, dtype, o)] for o in outcomes))
+    lines.append(table.markdown())
+    findings = defaultdict(list)
+    for r in results:
+        if r.bad:
+            findings[(r.kernel, r.part, r.signature)].append(r)
+    if findings:
+        lines += ["", f"## Findings: {sum(map(len, findings.values()))} failing case(s), {len(findings)} distinct", ""]
+        for i, ((kernel, part, _), found) in enumerate(sorted(findings.items(), key=lambda f: -len(f[1])), 1):
+            cases = ", ".join(r.what for r in found[:6]) + (f", ... ({len(found)} in all)" if len(found) > 6 else "")
+            lines += [f"### {i}. {kernel}, {part}: {len(found)} case(s) {found[0].outcome}: {cases}", "",
+                      "```", found[0].message, "```", ""]
+    for outcome, title in (("skipped", "Skipped: the kernels' reasons"), ("known", "Known failures (the ledger)")):
+        reasons = Counter((r.kernel, r.part, r.message) for r in results if r.outcome == outcome)
+        if reasons:
+            lines += ["", f"## {title}", ""]
+            lines += [f"- {kernel}, {n} {part} case(s): {why}" for (kernel, part, why), n in sorted(reasons.items())]
+    return "\n".join(lines) + "\n"
+
+
+def calibration(worst: dict) -> str:
+    table = Table(["kernel", "dtype", *WORST])
+    for (name, dtype), row in worst.items():
+        table.add(name, dtype, *(f"{v:.3g}" if v > -math.inf else "—" for v, _ in row.values()))
+    where = [f"  {name} {dtype} {column}: {v:.3g} ({at})" for (name, dtype), row in worst.items()
+             for column, (v, at) in row.items()]
+    return table.markdown() + "\n\nWhere each worst value came from:\n" + "\n".join(where) + "\n"
+
+
 def main(argv=None) -> int:
     parser = kernel_parser(__doc__)
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per agreement case (default 1)")
+    parser.add_argument("--law-examples", type=int, default=3, help="draws per law; 0 skips the laws (default 3)")
+    parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
+    parser.add_argument("--fmha-known-failures", metavar="FILE", help="a TOML file of your kernels' known failures")
     parser.add_argument("--calibrate", action="store_true", help="print the worst value of each gated metric")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     kernels = selected_kernels(parser, args)
+    device = args.fmha_device
+    try:
+        known = ledger.LEDGER + (ledger.load_known_failures(args.fmha_known_failures) if args.fmha_known_failures else ())
+    except ValueError as e:
+        parser.error(str(e))
 
-    worst: dict = defaultdict(lambda: {c: (-math.inf, "") for c in WORST})
-    counts: dict = defaultdict(lambda: defaultdict(int))
-    failures = []
-    for kernel in kernels:
-        for problem in with_dtypes(FEATURE_CASES):
-            key = (kernel.name, problem.dtype)
-            if kernel.not_supported_reasons(problem, args.device):
-                counts[key]["skipped"] += len(DISTRIBUTIONS) * args.seeds
-                continue
-            for distribution in DISTRIBUTIONS:
-                for seed in range(args.seeds):
-                    inputs = make_inputs(problem, distribution, seed, args.device)
-                    verdict = judge_run(run_kernel(kernel, problem, inputs))
-                    where = f"{problem.id} {distribution} seed {seed}"
-                    counts[key]["passed" if verdict.passed else "failed"] += 1
-                    if not verdict.passed:
-                        failures.append(verdict.message(f"{kernel.name} {where}"))
-                    for column, value in WORST.items():
-                        v = value(verdict.metrics)
-                        if v > worst[key][column][0]:
-                            worst[key][column] = (v, where)
+    cases = [s.replace(distribution=d, seed=seed) for s in with_dtypes(FEATURE_CASES)
+             for d in DISTRIBUTIONS for seed in range(args.seeds)]
+    law_list = list(laws.KERNEL_LAWS) if args.law_examples > 0 and not args.calibrate else []
+    worst = defaultdict(lambda: {c: (-math.inf, "") for c in WORST}) if args.calibrate else None
+    results = []
+    with tqdm(total=len(kernels) * (len(cases) + len(law_list)), unit="case", file=sys.stderr, disable=None) as bar:
+        for kernel in kernels:
+            for sample in cases:
+                bar.set_postfix_str(f"{kernel.name} {sample.id}"[:60])
+                results.append(_against_ledger(agreement(kernel, sample, device, worst), known, device,
+                                               "test_kernel_matches_oracle"))
+                bar.update()
+            for law in law_list:
+                bar.set_postfix_str(f"{kernel.name} {law.__name__}")
+                results.append(_against_ledger(law_pass(kernel, law, device, args.law_examples), known, device,
+                                               laws.LAW_TESTS[law.__name__]))
+                bar.update()
 
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    print(f"# fmha verify, {datetime.date.today()}, {device_name}, torch {torch.__version__}, "
-          f"{len(FEATURE_CASES)} feature cases x {len(DISTRIBUTIONS)} distributions x {args.seeds} seed(s)\n")
-    if args.calibrate:
-        print("| kernel | dtype | runs | " + " | ".join(WORST) + " |")
-        print("|---" * (3 + len(WORST)) + "|")
-        for (name, dtype), row in worst.items():
-            cells = " | ".join(f"{v:.3g}" if v > -math.inf else "—" for v, _ in row.values())
-            print(f"| {name} | {DTYPE_NAMES[dtype]} | {counts[(name, dtype)]['passed'] + counts[(name, dtype)]['failed']} | {cells} |")
-        print("\nWhere each worst value came from:")
-        for (name, dtype), row in worst.items():
-            for column, (v, where) in row.items():
-                print(f"  {name} {DTYPE_NAMES[dtype]} {column}: {v:.3g} ({where})")
-    else:
-        print("| kernel | dtype | passed | failed | skipped (unsupported) |")
-        print("|---|---|---|---|---|")
-        for (name, dtype), c in counts.items():
-            print(f"| {name} | {DTYPE_NAMES[dtype]} | {c['passed']} | {c['failed']} | {c['skipped']} |")
-    if failures:
-        print(f"\n{len(failures)} failing verdict(s):")
-        for f in failures:
-            print(f)
-    return 1 if failures else 0
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    header = (f"# fmha verify, {datetime.date.today()}, {device_name}, torch {torch.__version__}\n\n"
+              f"Agreement: {len(FEATURE_CASES)} feature cases x {len(DTYPE_NAMES)} dtypes x {len(DISTRIBUTIONS)} "
+              f"distributions x {args.seeds} seed(s); laws: {len(law_list)} x {args.law_examples} draws.")
+    print(calibration(worst) if args.calibrate else report(results, header))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(header=header, device=device, results=[asdict(r) for r in results]), f, indent=1)
+    return 1 if any(r.bad for r in results) else 0
 
 
 if __name__ == "__main__":

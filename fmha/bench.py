@@ -2,7 +2,7 @@
 
     python -m fmha.bench [--quick] [--markdown]
 
-Times each kernel on the DESIGN.md speed shapes and the grid's decode shapes (median of
+Times each kernel on the speed shapes of docs/contract.md and the grid's decode shapes (median of
 CUDA-graph replays, triton.testing.do_bench_cudagraph) and prints it next to the roofline
 floor max(FLOPs / matmul rate, bytes / copy bandwidth), with both ceilings measured in the
 same run. Alternatives get their inputs in their own layout (heads first; KV heads repeated
@@ -14,51 +14,51 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    B: int
-    Hq: int
-    Hkv: int
-    T: int
-    S: int
-    D: int
-    causal: bool
-    shared_kv: bool
-
-    def visible_pairs(self) -> int:
-        """(query, key) pairs that are visible: the FLOPs scale with these."""
-        if not self.causal:
-            return self.T * self.S
-        return sum(min(self.S, self.S - self.T + i + 1) for i in range(self.T))
-
-    def flops(self) -> float:
-        return 2.0 * self.B * self.Hq * self.visible_pairs() * (self.D + self.D)
-
-    def bytes(self) -> float:
-        kv = self.B * self.S * self.Hkv * self.D * (1 if self.shared_kv else 2)
-        q_and_o = 2 * self.B * self.T * self.Hq * self.D
-        return 2.0 * (kv + q_and_o) + 4.0 * self.B * self.Hq * self.T  # bf16 + fp32 lse
+from fmha.problem import Problem
+from fmha.tables import Table
 
 
-SPEED_SHAPES = [
-    Shape("DSV4 decode B64 Hq128 T1 S640 hd512 K=V", 64, 128, 1, 1, 640, 512, False, True),
-    Shape("DSV4 decode MTP B64 Hq128 T4 S640 hd512 K=V", 64, 128, 1, 4, 640, 512, True, True),
-    Shape("prefill B1 Hq128 Hkv1 T=S=2048 hd512 causal K=V", 1, 128, 1, 2048, 2048, 512, True, True),
-    Shape("prefill B4 H32 T=S=4096 hd128 causal", 4, 32, 32, 4096, 4096, 128, True, False),
-]
-GRID_DECODE = [
-    Shape(f"grid decode hd{d} T{t} S{s} B2 H8", 2, 8, 8, t, s, d, True, False)
+def visible_pairs(p: Problem) -> int:
+    """(query, key) pairs that are visible: the FLOPs scale with these."""
+    if not p.causal:
+        return p.q_len * p.kv_len
+    return sum(min(p.kv_len, max(0, p.kv_len - p.q_len + i + 1)) for i in range(p.q_len))
+
+
+def flops(p: Problem) -> float:
+    return 2.0 * p.batch * p.heads_q * visible_pairs(p) * (p.head_dim + p.head_dim_v)
+
+
+def bytes_moved(p: Problem) -> float:
+    element = p.dtype.itemsize
+    kv = p.batch * p.kv_len * p.heads_kv * (p.head_dim + (0 if p.shared_kv else p.head_dim_v))
+    q_and_o = p.batch * p.q_len * p.heads_q * (p.head_dim + p.head_dim_v)
+    return element * (kv + q_and_o) + 4.0 * p.batch * p.heads_q * p.q_len  # + fp32 lse
+
+
+def _dsv4(batch=64, heads_q=128, q_len=1, kv_len=640, causal=False):
+    return Problem(batch=batch, q_len=q_len, kv_len=kv_len, heads_q=heads_q, heads_kv=1, head_dim=512,
+                   causal=causal, shared_kv=True)
+
+
+SPEED_SHAPES = {
+    "DSV4 decode B64 Hq128 T1 S640 hd512 K=V": _dsv4(),
+    "DSV4 decode MTP B64 Hq128 T4 S640 hd512 K=V": _dsv4(q_len=4, causal=True),
+    "prefill B1 Hq128 Hkv1 T=S=2048 hd512 causal K=V": _dsv4(batch=1, q_len=2048, kv_len=2048, causal=True),
+    "prefill B4 H32 T=S=4096 hd128 causal": Problem(batch=4, q_len=4096, kv_len=4096, heads_q=32, heads_kv=32,
+                                                    head_dim=128, causal=True),
+}
+GRID_DECODE = {
+    f"grid decode hd{d} T{t} S{s} B2 H8": Problem(batch=2, q_len=t, kv_len=s, heads_q=8, heads_kv=8, head_dim=d,
+                                                  causal=True)
     for d in (64, 128, 256, 512) for t, s in ((1, 512), (4, 640))
-]
+}
 
 
 def measure_ceilings() -> tuple[float, float]:
@@ -73,38 +73,38 @@ def measure_ceilings() -> tuple[float, float]:
     return 2 * n / t_copy, 2 * 8192**3 / t_mm
 
 
-def _inputs(shape: Shape):
+def _inputs(p: Problem):
     g = torch.Generator(device="cuda").manual_seed(0)
+
     def randn(*s):
-        return torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)
-    q = randn(shape.B, shape.T, shape.Hq, shape.D)
-    k = randn(shape.B, shape.S, shape.Hkv, shape.D)
-    v = k if shape.shared_kv else randn(shape.B, shape.S, shape.Hkv, shape.D)
+        return torch.randn(*s, generator=g, device="cuda", dtype=p.dtype)
+    q = randn(p.batch, p.q_len, p.heads_q, p.head_dim)
+    k = randn(p.batch, p.kv_len, p.heads_kv, p.head_dim)
+    v = k if p.shared_kv else randn(p.batch, p.kv_len, p.heads_kv, p.head_dim_v)
     return q, k, v
 
 
-def _ours(shape, q, k, v, gluon=None):
-    from fmha.triton_attention import _attention
+def _ours(p: Problem, q, k, v, implementation=None):
+    from fmha import dispatch
 
-    out = torch.empty(shape.B, shape.T, shape.Hq, shape.D, dtype=q.dtype, device="cuda")
-    return lambda: _attention(q, k, v, causal=shape.causal, out=out, gluon=gluon)
+    out = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=q.dtype, device="cuda")
+    return lambda: dispatch.attention(q, k, v, causal=p.causal, out=out, implementation=implementation)
 
 
-def _sdpa(backend_name: str, shape, q, k, v):
+def _sdpa(backend_name: str, p: Problem, q, k, v):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
     backend = getattr(SDPBackend, backend_name)
-    group = shape.Hq // shape.Hkv
     qh = q.transpose(1, 2).contiguous()
-    kh = k.repeat_interleave(group, dim=2).transpose(1, 2).contiguous()
-    vh = kh if shape.shared_kv else v.repeat_interleave(group, dim=2).transpose(1, 2).contiguous()
+    kh = k.repeat_interleave(p.group, dim=2).transpose(1, 2).contiguous()
+    vh = kh if p.shared_kv else v.repeat_interleave(p.group, dim=2).transpose(1, 2).contiguous()
     mask = None
-    if shape.causal and shape.T != shape.S:
-        mask = causal_lower_right(shape.T, shape.S)
+    if p.causal and p.q_len != p.kv_len:
+        mask = causal_lower_right(p.q_len, p.kv_len)
         if backend_name == "CUDNN_ATTENTION":
             mask = mask._materialize(device="cuda")
-    is_causal = shape.causal and shape.T == shape.S
+    is_causal = p.causal and p.q_len == p.kv_len
 
     def run():
         with sdpa_kernel(backend):
@@ -112,21 +112,22 @@ def _sdpa(backend_name: str, shape, q, k, v):
     return run
 
 
-def _flex(shape, q, k, v):
+def _flex(p: Problem, q, k, v):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = torch.compile(flex_attention, dynamic=False)
-    offset = shape.S - shape.T
+    offset = p.kv_len - p.q_len
     block_mask = None
-    if shape.causal:
-        block_mask = create_block_mask(lambda b, h, r, c: c <= r + offset, None, None, shape.T, shape.S, device="cuda")
+    if p.causal:
+        block_mask = create_block_mask(lambda b, h, r, c: c <= r + offset, None, None, p.q_len, p.kv_len,
+                                       device="cuda")
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
     return lambda: compiled(qh, kh, vh, block_mask=block_mask, enable_gqa=True)
 
 
 CONTENDERS = {
-    "fmha triton": _ours,  # fmha.attention: the Gluon kernel where it applies (bf16 hd512)
-    "fmha, Gluon off": lambda *a: _ours(*a, gluon=False),
+    "fmha": _ours,  # fmha.attention: the Gluon kernel where it applies (bf16 hd512)
+    "fmha, Gluon off": lambda *a: _ours(*a, implementation="triton"),
     "sdpa flash": lambda *a: _sdpa("FLASH_ATTENTION", *a),
     "sdpa efficient": lambda *a: _sdpa("EFFICIENT_ATTENTION", *a),
     "sdpa cudnn": lambda *a: _sdpa("CUDNN_ATTENTION", *a),
@@ -152,26 +153,27 @@ def main(argv=None) -> int:
         print("fmha.bench needs a CUDA GPU", file=sys.stderr)
         return 2
     bandwidth, rate = measure_ceilings()
-    shapes = SPEED_SHAPES + ([] if args.quick else GRID_DECODE)
+    shapes = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}
     contenders = {k: v for k, v in CONTENDERS.items() if not args.only or k in args.only}
     print(f"# fmha.bench, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
     print(f"# ceilings measured now: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s\n")
-    print("| shape | floor µs | " + " | ".join(f"{c} µs" for c in contenders) + " | ours / floor |")
-    print("|---|---|" + "---|" * len(contenders) + "---|")
-    for shape in shapes:
-        floor = max(shape.flops() / rate, shape.bytes() / bandwidth) * 1e6
-        q, k, v = _inputs(shape)
+    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), "ours / floor"])
+    for shape_name, problem in shapes.items():
+        floor = max(flops(problem) / rate, bytes_moved(problem) / bandwidth) * 1e6
+        q, k, v = _inputs(problem)
         cells = {}
         for name, make in contenders.items():
             try:
-                cells[name] = f"{time_us(make(shape, q, k, v)):.1f}"
+                cells[name] = f"{time_us(make(problem, q, k, v)):.1f}"
             except Exception as e:  # no kernel for this shape, out of resources, ...
                 cells[name] = f"— ({type(e).__name__}: {str(e).splitlines()[0][:60]})" if str(e) else "—"
             torch.cuda.empty_cache()
-        ours = cells.get("fmha triton", "—")
+        ours = cells.get("fmha", "—")
         ratio = f"{float(ours) / floor:.2f}x" if ours.replace(".", "").isdigit() else "—"
-        print(f"| {shape.name} | {floor:.1f} | " + " | ".join(cells.values()) + f" | {ratio} |", flush=True)
+        table.add(shape_name, f"{floor:.1f}", *cells.values(), ratio)
+        print(f"{shape_name}: {', '.join(f'{c} {v}' for c, v in cells.items())}", file=sys.stderr, flush=True)
+    print(table.markdown())
     return 0
 
 

@@ -1,7 +1,9 @@
 """What a kernel implements, as data, and the reasons it gives for what it does not.
 
 Modelled on xformers' `not_supported_reasons` and PyTorch's OpInfo: tests never hold skip
-logic of their own; they ask the kernel, and report its reasons as the skip message.
+logic of their own; they ask the kernel, and report its reasons as the skip message. The
+strategies draw only what a kernel declares, so its limits shape the draws instead of
+filling the run with skips.
 """
 
 from __future__ import annotations
@@ -15,34 +17,64 @@ from fmha.problem import DTYPE_NAMES, FEATURES, Problem
 
 ALL_DTYPES = tuple(DTYPE_NAMES)
 
+# Stronger than the contract; a kernel that makes a promise is held to it bitwise, one that
+# does not is held to the verdict on the same comparison (properties/laws.py).
+PROMISES = {
+    "bitwise_deterministic": "the output's bits are a function of the input values: the same values give the "
+                             "same bits call after call, in any storage (strides, slices, K is V)",
+    "batch_invariant": "a batch row's bits do not depend on the rest of the batch (a row alone gives the bits "
+                       "it has in the batch)",
+}
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class Capabilities:
-    """The part of the contract a kernel implements. The defaults claim the whole contract."""
+    """The part of the contract a kernel implements. The defaults claim the whole contract
+    and promise nothing beyond it."""
 
-    head_dims: tuple[int, ...] | None = None  # None: any head dim
+    # Head dims (of q and k; of v too unless Dv may differ), per dtype where they differ:
+    # (64, 128) or {torch.bfloat16: (64, 128, 256), torch.float32: (64, 128)}; None: any.
+    head_dims: tuple[int, ...] | Mapping[torch.dtype, tuple[int, ...]] | None = None
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     devices: tuple[str, ...] = ("cpu", "cuda")
     features: frozenset[str] = frozenset(FEATURES)
+    requires: frozenset[str] = frozenset()  # features every call must use: {"causal"} for a causal-only kernel
     max_q_len: int | None = None
     max_kv_len: int | None = None
+    q_len_equals_kv_len: bool = False  # T = S (square prefill only)
+    q_len_multiple_of: int = 1  # T a multiple of this (a kernel without a masked tail tile)
+    kv_len_multiple_of: int = 1
     split_head_dim_v: bool = True  # Dv may differ from D
     empty_rows: bool = True  # rows that see no key give o = 0, lse = -inf / sink
-    # Why a feature or limit is missing, e.g. {"lse": "SDPA's public API returns no LSE"}.
+    promises: frozenset[str] = frozenset()  # among PROMISES
+    # Why a feature or limit is missing, e.g. {"lse": "SDPA's public API returns no LSE"}; keys
+    # are the feature names and "device", "dtype", "head_dim", "head_dim_v", "requires",
+    # "max_q_len", "max_kv_len", "q_len_equals_kv_len", "q_len_multiple_of",
+    # "kv_len_multiple_of", "empty_rows".
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
-        unknown = set(self.features) - set(FEATURES)
-        if unknown:
-            raise ValueError(f"features: unknown {sorted(unknown)}; the contract's are {FEATURES}")
+        for name, known in (("features", FEATURES), ("requires", FEATURES), ("promises", tuple(PROMISES))):
+            unknown = set(getattr(self, name)) - set(known)
+            if unknown:
+                raise ValueError(f"{name}: unknown {sorted(unknown)}; expected among {', '.join(known)}")
+        if not self.requires <= self.features:
+            raise ValueError(f"requires: {sorted(self.requires - self.features)} not among the features")
+        if isinstance(self.head_dims, Mapping) and set(self.head_dims) - set(self.dtypes):
+            raise ValueError(f"head_dims: dtypes {sorted(map(str, set(self.head_dims) - set(self.dtypes)))} "
+                             "are not among the kernel's dtypes")
+
+    def head_dims_for(self, dtype: torch.dtype) -> tuple[int, ...] | None:
+        """The head dims supported in `dtype` (None: any)."""
+        if isinstance(self.head_dims, Mapping):
+            return self.head_dims.get(dtype, ())
+        return self.head_dims
 
     def _why(self, key: str, default: str) -> str:
         note = self.notes.get(key)
         return f"{default} ({note})" if note else default
 
-    def not_supported_reasons(
-        self, problem: Problem, device: str, needs: Iterable[str] = ()
-    ) -> list[str]:
+    def not_supported_reasons(self, problem: Problem, device: str, needs: Iterable[str] = ()) -> list[str]:
         """Why this kernel cannot run `problem` on `device`; empty when it can.
 
         `needs` names per-call features the caller requires (``lse``, ``out``).
@@ -50,25 +82,46 @@ class Capabilities:
         reasons = []
         if device not in self.devices:
             reasons.append(self._why("device", f"no {device} kernel (runs on {', '.join(self.devices)})"))
+        dtype = DTYPE_NAMES[problem.dtype]
         if problem.dtype not in self.dtypes:
             names = ", ".join(DTYPE_NAMES[d] for d in self.dtypes)
-            reasons.append(self._why("dtype", f"dtype {DTYPE_NAMES[problem.dtype]} unsupported (supports {names})"))
-        if self.head_dims is not None and problem.head_dim not in self.head_dims:
-            reasons.append(self._why("head_dim", f"head dim {problem.head_dim} unsupported (supports {_span(self.head_dims)})"))
-        if self.head_dims is not None and problem.head_dim_v != problem.head_dim and problem.head_dim_v not in self.head_dims:
-            reasons.append(self._why("head_dim", f"head dim v {problem.head_dim_v} unsupported"))
+            reasons.append(self._why("dtype", f"dtype {dtype} unsupported (supports {names})"))
+        else:
+            reasons += self._head_dim_reasons(problem, dtype)
         if not self.split_head_dim_v and problem.head_dim_v != problem.head_dim:
-            reasons.append(self._why("head_dim_v", "needs Dv == D"))
+            reasons.append(self._why("head_dim_v", f"needs Dv == D, got D={problem.head_dim}, Dv={problem.head_dim_v}"))
         for feature in sorted(problem.features | frozenset(needs)):
             if feature not in self.features:
                 reasons.append(self._why(feature, f"no {feature} support"))
-        if self.max_q_len is not None and problem.q_len > self.max_q_len:
-            reasons.append(self._why("max_q_len", f"T={problem.q_len} > max {self.max_q_len}"))
-        if self.max_kv_len is not None and problem.kv_len > self.max_kv_len:
-            reasons.append(self._why("max_kv_len", f"S={problem.kv_len} > max {self.max_kv_len}"))
+        missing = sorted(self.requires - problem.features)
+        if missing:
+            reasons.append(self._why("requires", f"runs only with {', '.join(missing)}"))
+        T, S = problem.q_len, problem.kv_len
+        if self.max_q_len is not None and T > self.max_q_len:
+            reasons.append(self._why("max_q_len", f"T={T} > max {self.max_q_len}"))
+        if self.max_kv_len is not None and S > self.max_kv_len:
+            reasons.append(self._why("max_kv_len", f"S={S} > max {self.max_kv_len}"))
+        if self.q_len_equals_kv_len and T != S:
+            reasons.append(self._why("q_len_equals_kv_len", f"needs T == S, got T={T}, S={S}"))
+        if T % self.q_len_multiple_of:
+            reasons.append(self._why("q_len_multiple_of", f"needs T a multiple of {self.q_len_multiple_of}, got {T}"))
+        if S % self.kv_len_multiple_of:
+            reasons.append(self._why("kv_len_multiple_of", f"needs S a multiple of {self.kv_len_multiple_of}, got {S}"))
         if problem.has_empty_rows and not self.empty_rows:
             reasons.append(self._why("empty_rows", "rows with no visible key (causal, T > S) unsupported"))
         return reasons
+
+    def _head_dim_reasons(self, problem: Problem, dtype: str) -> list[str]:
+        allowed = self.head_dims_for(problem.dtype)
+        if allowed is None:
+            return []
+        dims = {"D": problem.head_dim} | ({"Dv": problem.head_dim_v} if problem.head_dim_v != problem.head_dim else {})
+        bad = [f"{name}={d}" for name, d in dims.items() if d not in allowed]
+        if not bad:
+            return []
+        where = f" in {dtype}" if isinstance(self.head_dims, Mapping) else ""
+        supports = _span(allowed) if allowed else "none"
+        return [self._why("head_dim", f"head dim {', '.join(bad)} unsupported{where} (supports {supports})")]
 
 
 def _span(values: tuple[int, ...]) -> str:
@@ -103,6 +156,11 @@ class KernelEntry:
 
     def capabilities_on(self, device: str) -> Capabilities:
         return self.device_capabilities.get(device, self.capabilities)
+
+    def promises(self, device: str, promise: str) -> bool:
+        if promise not in PROMISES:
+            raise ValueError(f"promise: expected one of {', '.join(PROMISES)}, got {promise!r}")
+        return promise in self.capabilities_on(device).promises
 
     def not_supported_reasons(self, problem: Problem, device: str, needs: Iterable[str] = ()) -> list[str]:
         unavailable = self.availability(device)

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     failures = 0
     for head_dim, dtype, shared_kv in itertools.product(args.head_dims, dtypes, (False, True)):
         # Many heads on one KV head (DSV4 decode): the table's full-size tiles.
-        problem = Problem(1, 1, 640, 128, 1, head_dim, dtype=dtype, shared_kv=shared_kv)
+        problem = Problem(batch=1, q_len=1, kv_len=640, heads_q=128, heads_kv=1, head_dim=head_dim, dtype=dtype, shared_kv=shared_kv)
         what = f"D={head_dim} {TRITON_TYPES[dtype]} {'K is V' if shared_kv else 'K, V'}"
         try:
             tiles, shared, registers, stack = compile_attention(problem)

@@ -1,4 +1,4 @@
-"""The attention and merge contract (DESIGN.md, "The attention contract") as typed Python.
+"""The attention and merge contract (docs/contract.md) as typed Python.
 
     o, lse = attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None)
     q: (B, T, Hq, D)   k: (B, S, Hkv, D)   v: (B, S, Hkv, Dv)    last dim contiguous
@@ -7,13 +7,16 @@
 
 Every kernel calls `check_attention_args` (or `check_merge_args`) first, so bad input is
 refused with a message naming the argument, what was expected and what came in, before
-any kernel code runs.
+any kernel code runs. Python numbers and NumPy scalars are accepted alike. The contract is
+forward-only: inputs that require grad are refused rather than answered without a grad_fn.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import math
+import numbers
 
+import numpy as np
 import torch
 
 from fmha.problem import DTYPE_NAMES, Problem
@@ -29,27 +32,6 @@ class NotSupportedError(ContractError):
     """The arguments are valid, but this kernel does not implement that part of the contract."""
 
 
-class AttentionKernel(Protocol):
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        scale: float | None = None,
-        causal: bool = False,
-        window: int | None = None,
-        sink: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-
-
-class MergeKernel(Protocol):
-    def __call__(
-        self, parts: Sequence[tuple[torch.Tensor, torch.Tensor]], sink: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
 def _fail(message: str):
     raise ContractError(message)
 
@@ -60,7 +42,7 @@ def _describe(t: torch.Tensor) -> str:
 
 def _check_tensor(name: str, t, rank: int, layout: str):
     if not isinstance(t, torch.Tensor):
-        _fail(f"{name}: expected a torch.Tensor {layout}, got {type(t).__name__}")
+        _fail(f"{name}: expected a torch.Tensor {layout}, got {_type(t)}")
     if t.dim() != rank:
         _fail(f"{name}: expected rank {rank} {layout}, got rank {t.dim()} ({_describe(t)})")
     if t.dtype not in DTYPES:
@@ -96,28 +78,22 @@ def check_attention_args(
         _fail(f"k: expected head dim D={D} (q's dim 3), got {k.shape[3]}")
     if Hkv == 0 or Hq % Hkv:
         _fail(f"q, k: expected Hq % Hkv == 0, got Hq={Hq}, Hkv={Hkv}")
-    if scale is not None and not isinstance(scale, (int, float)):
-        _fail(f"scale: expected a float or None, got {type(scale).__name__}")
-    if not isinstance(causal, bool):
-        _fail(f"causal: expected a bool, got {type(causal).__name__}")
-    if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int):
-            _fail(f"window: expected an int >= 1 or None, got {type(window).__name__} {window!r}")
-        if window < 1:
-            _fail(f"window: expected an int >= 1 or None, got {window}")
+    _check_scalars(scale, causal, window)
     if sink is not None:
         if not isinstance(sink, torch.Tensor):
-            _fail(f"sink: expected a float32 tensor of shape ({Hq},), got {type(sink).__name__}")
+            _fail(f"sink: expected a float32 tensor of shape ({Hq},), got {_type(sink)}")
         if tuple(sink.shape) != (Hq,):
             _fail(f"sink: expected shape ({Hq},) (one logit per query head), got {tuple(sink.shape)}")
         if sink.dtype != torch.float32:
             _fail(f"sink: expected dtype float32, got {sink.dtype}")
         if sink.device != q.device:
             _fail(f"sink: expected q's device {q.device}, got {sink.device}")
+        _check_values("sink", sink, "finite logits, or -inf for no sink", "head")
+    _check_forward_only(q=q, k=k, v=v, sink=sink)
     Dv = v.shape[3]
     if out is not None:
         if not isinstance(out, torch.Tensor):
-            _fail(f"out: expected a tensor of shape {(B, T, Hq, Dv)}, got {type(out).__name__}")
+            _fail(f"out: expected a tensor of shape {(B, T, Hq, Dv)}, got {_type(out)}")
         if tuple(out.shape) != (B, T, Hq, Dv):
             _fail(f"out: expected shape {(B, T, Hq, Dv)} (B, T, Hq, Dv), got {tuple(out.shape)}")
         if out.dtype != q.dtype:
@@ -128,7 +104,7 @@ def check_attention_args(
             _fail(f"out: expected a contiguous last dim (stride 1), got strides {tuple(out.stride())}")
     problem = Problem(
         batch=B, q_len=T, kv_len=S, heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv,
-        dtype=q.dtype, causal=causal or window is not None, window=window,
+        dtype=q.dtype, causal=bool(causal) or window is not None, window=None if window is None else int(window),
         sink=sink is not None, shared_kv=k is v,
     )
     if capabilities is not None:
@@ -149,20 +125,70 @@ def check_merge_args(parts, sink=None) -> tuple[int, int, int, int]:
     B, T, H, Dv = o0.shape
     for i, part in enumerate(parts):
         if not isinstance(part, (list, tuple)) or len(part) != 2:
-            _fail(f"parts[{i}]: expected a pair (o, lse), got {type(part).__name__}")
+            _fail(f"parts[{i}]: expected a pair (o, lse), got {_type(part)}")
         o, lse = part
         _check_tensor(f"parts[{i}].o", o, 4, "(B, T, H, Dv)")
         if tuple(o.shape) != (B, T, H, Dv) or o.dtype != o0.dtype or o.device != o0.device:
             _fail(f"parts[{i}].o: expected parts[0].o's {_describe(o0)}, got {_describe(o)}")
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, T):
-            got = _describe(lse) if isinstance(lse, torch.Tensor) else type(lse).__name__
+            got = _describe(lse) if isinstance(lse, torch.Tensor) else _type(lse)
             _fail(f"parts[{i}].lse: expected shape {(B, H, T)} (B, H, T), got {got}")
         if lse.dtype != torch.float32 or lse.device != o0.device:
             _fail(f"parts[{i}].lse: expected float32 on {o0.device}, got {lse.dtype} on {lse.device}")
+        _check_values(f"parts[{i}].lse", lse, "finite values, or -inf for an empty part", "(b, h, t)")
     if sink is not None:
         if not isinstance(sink, torch.Tensor) or tuple(sink.shape) != (H,):
-            got = tuple(sink.shape) if isinstance(sink, torch.Tensor) else type(sink).__name__
+            got = tuple(sink.shape) if isinstance(sink, torch.Tensor) else _type(sink)
             _fail(f"sink: expected a float32 tensor of shape ({H},), got {got}")
         if sink.dtype != torch.float32 or sink.device != o0.device:
             _fail(f"sink: expected float32 on {o0.device}, got {sink.dtype} on {sink.device}")
+        _check_values("sink", sink, "finite logits, or -inf for no sink", "head")
+    _check_forward_only(**{f"parts[{i}].o": o for i, (o, _) in enumerate(parts)}, sink=sink)
     return B, T, H, Dv
+
+
+def _type(x) -> str:
+    """A value's type as a reader can tell it apart: bool, numpy.int64, torch.Tensor."""
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _is_bool(x) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
+def _check_scalars(scale, causal, window) -> None:
+    if scale is not None:
+        if _is_bool(scale) or not isinstance(scale, numbers.Real):
+            _fail(f"scale: expected a positive finite float or None, got {_type(scale)} {scale!r}")
+        if not (math.isfinite(scale) and scale > 0):
+            _fail(f"scale: expected a positive finite float or None, got {float(scale)!r}")
+    if not _is_bool(causal):
+        _fail(f"causal: expected True or False, got {_type(causal)} {causal!r}")
+    if window is not None:
+        if _is_bool(window) or not isinstance(window, numbers.Integral):
+            _fail(f"window: expected an int >= 1 or None, got {_type(window)} {window!r}")
+        if window < 1:
+            _fail(f"window: expected an int >= 1 or None, got {int(window)}")
+
+
+def _check_values(name: str, t: torch.Tensor, expected: str, index: str) -> None:
+    """NaN and +inf are refused where the contract has no meaning for them. Reading the
+    values synchronizes with the device, which a CUDA graph capture forbids: not checked then."""
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    bad = torch.isnan(t) | torch.isposinf(t)
+    if bool(bad.any()):
+        where = tuple(torch.nonzero(bad)[0].tolist())
+        where = where[0] if len(where) == 1 else where
+        _fail(f"{name}: expected {expected}, got {t[bad][0].item()} at {index} {where} "
+              f"({int(bad.sum())} of {t.numel()} values are NaN or +inf)")
+
+
+def _check_forward_only(**tensors) -> None:
+    if not torch.is_grad_enabled():
+        return
+    wants_grad = [name for name, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if wants_grad:
+        _fail(f"{', '.join(wants_grad)}: requires grad, but the attention contract is forward-only (no backward "
+              "kernel); call it under torch.no_grad() or pass detached tensors")

@@ -34,8 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fmha.capabilities import Capabilities, KernelEntry
-from fmha.contract import NotSupportedError, check_attention_args
+from fmha.capabilities import Capabilities
+from fmha.host import Implementation, key_operand
 
 try:
     from triton.experimental import gluon
@@ -296,6 +296,7 @@ CAPABILITIES = Capabilities(
     dtypes=(torch.bfloat16,),
     devices=("cuda",),
     split_head_dim_v=False,
+    promises=frozenset({"bitwise_deterministic", "batch_invariant"}),
     notes={"head_dim": "fmha.attention runs the Triton kernel for the others",
            "dtype": "bf16 only (P as bf16 hi + lo, like the Triton kernel's bf16 path)",
            "device": "a Hopper GPU: wgmma, TMA and warp specialization, no interpreter"},
@@ -316,60 +317,32 @@ def availability(device) -> str | None:
     return None
 
 
-def not_used_reasons(problem, device: torch.device) -> list[str]:
-    """Why fmha.attention runs the Triton kernel, not this one, for `problem` on `device`;
-    empty when it runs this one."""
-    unavailable = availability(device)
-    return ([unavailable] if unavailable else []) + CAPABILITIES.not_supported_reasons(problem, device.type)
-
-
-def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
-    """The contract's attention by this kernel only: NotSupportedError, with the reasons,
-    where fmha.attention would run the Triton kernel instead."""
-    from fmha.triton_attention import _attention  # that module dispatches to this one
-
-    check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
-                         capabilities=CAPABILITIES)
-    unavailable = availability(q.device)
-    if unavailable:
-        raise NotSupportedError(unavailable)
-    return _attention(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out, gluon=True)
-
-
-ENTRY = KernelEntry(
-    name="gluon",
-    fn=attention,
-    capabilities=CAPABILITIES,
-    availability=availability,
-    default_devices=("cuda",),
-    description="fmha's Gluon kernel alone (bf16 head dim 512 on Hopper; fmha.attention runs it there)",
-)
-
-
 def key_layout():
     """The shared-memory layout of a key or value tile as TMA writes it (1, BLOCK_N, 1, CHUNK)."""
     return gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, 1, CHUNK], gl.bfloat16)
 
 
-def launch(q, k_view, v_view, sink, o, lse, *, T, S, G, window, qk_scale, keys_per_split, causal, split, k_is_v):
-    """Run the kernel into o (B, T, HQ, 512) and lse (B, HQ, T), or with `split`, into the
-    fp32 partials o (splits, B, T, HQ, 512) and lse (splits, B, HQ, T).
-
-    k_view and v_view are (tensor, shape, strides) that satisfy TMA (fmha.triton_attention's
-    _key_operand)."""
-    B, _, HQ, _ = q.shape
+def launch(problem, q, k, v, sink, o, lse, *, window, qk_scale, keys_per_split, split, tiles=None):
+    """One launch into o (B, T, HQ, 512) and lse (B, HQ, T), or with `split` into the fp32
+    partials o (splits, B, T, HQ, 512) and lse (splits, B, HQ, T) (fmha.host.run)."""
+    if tiles is not None:
+        raise ValueError("tiles: the Gluon kernel has one tile shape; tile overrides are the Triton kernel's")
+    B, T, HQ, _ = q.shape
+    G = problem.group
+    k_operand = key_operand(k)
+    v_operand = k_operand if problem.shared_kv else key_operand(v)
     descriptors = [TensorDescriptor(t, shape, strides, [1, BLOCK_N.value, 1, CHUNK.value], key_layout())
-                   for t, shape, strides in (k_view, v_view)]
+                   for t, shape, strides in (k_operand, v_operand)]
     grid = (triton.cdiv(T * G, ROWS.value), B * (HQ // G), o.shape[0])
     _attention_fwd[grid](
         q, *descriptors, sink if sink is not None else q, o, lse,
         q.stride(0), q.stride(1), q.stride(2),
         o.stride(0), o.stride(1), o.stride(2), o.stride(3),
         lse.stride(0), lse.stride(1), lse.stride(2),
-        T, S, HQ, G, window or 0, qk_scale, keys_per_split,
+        T, problem.kv_len, HQ, G, window or 0, qk_scale, keys_per_split,
         num_warps=4,
-        **specialization(causal=causal, windowed=window is not None, sink=sink is not None, split=split,
-                         k_is_v=k_is_v),
+        **specialization(causal=problem.causal, windowed=window is not None, sink=sink is not None, split=split,
+                         k_is_v=problem.shared_kv),
     )
 
 
@@ -379,3 +352,10 @@ def specialization(*, causal: bool, windowed: bool, sink: bool, split: bool, k_i
     return dict(CAUSAL=causal, WINDOWED=windowed, HAS_SINK=sink and not split, V_FROM_K=k_is_v,
                 K_STAGES=k_stages, V_STAGES=v_stages)
 
+
+
+IMPLEMENTATION = Implementation(
+    name="gluon", capabilities=CAPABILITIES, key_tile=lambda problem, device_type, tiles: BLOCK_N.value,
+    launch=launch, availability=availability,
+    description="fmha's Gluon kernel: bf16 head dim 512 on Hopper (FlashMLA-style)",
+)

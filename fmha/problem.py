@@ -1,7 +1,8 @@
 """An attention problem: the shapes and contract features of one call, without the data.
 
-Kernels declare what they support against this type, tests name themselves after it,
-and the oracles take the tensors it describes.
+Kernels declare what they support against this type, tests name themselves after it, and
+the oracles take the tensors it describes. Keyword-only: `Problem(batch=1, q_len=9, ...)`
+reads as the case, where `Problem(1, 9, 5, 2, 1, 64)` needs the field order.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-# The optional parts of the contract a kernel may or may not implement (DESIGN.md).
+# The optional parts of the contract a kernel may or may not implement (docs/contract.md).
 FEATURES = ("causal", "window", "sink", "lse", "gqa", "shared_kv", "out")
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Problem:
     batch: int
     q_len: int  # T
@@ -38,9 +39,7 @@ class Problem:
         if self.window is not None:
             object.__setattr__(self, "causal", True)
         if self.shared_kv and self.head_dim_v != self.head_dim:
-            raise ValueError(
-                f"shared_kv needs head_dim_v == head_dim, got {self.head_dim_v} != {self.head_dim}"
-            )
+            raise ValueError(f"shared_kv needs head_dim_v == head_dim, got {self.head_dim_v} != {self.head_dim}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"heads_q={self.heads_q} is not a multiple of heads_kv={self.heads_kv}")
 
@@ -100,4 +99,23 @@ class Problem:
         return "-".join(parts)
 
     def replace(self, **changes) -> Problem:
+        """A copy with `changes`; where Dv equals D, a new head_dim changes both."""
+        if "head_dim" in changes and "head_dim_v" not in changes and self.head_dim_v == self.head_dim:
+            changes["head_dim_v"] = None
         return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        """Only what differs from the defaults: a line to paste into @example or a trap."""
+        return f"Problem({_fields_repr(self, head_dim_v=self.head_dim, causal=self.window is not None)})"
+
+
+def _fields_repr(obj, **implied) -> str:
+    """`name=value` for the dataclass fields of `obj` that differ from their defaults (or from
+    what `implied` says they follow from)."""
+    parts = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        default = implied.get(f.name, f.default)
+        if f.default is dataclasses.MISSING or value != default:
+            parts.append(f"{f.name}={value!r}")
+    return ", ".join(parts)

@@ -4,36 +4,49 @@
     resolve_kernel("my_pkg.attn:flash_fwd")     any contract callable, no repo edit needed
 
 A plugged-in callable may carry a `capabilities` attribute (fmha.capabilities.Capabilities);
-one without claims the whole contract. An attribute that is already a KernelEntry is used as
-it is.
+one without claims the whole contract and promises nothing beyond it. An attribute that is
+already a KernelEntry is used as it is. A plug-in's module is imported from sys.path, and
+else from the current directory (`pytest --fmha-kernel mykernel:fwd` next to mykernel.py).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
-from fmha import gluon_attention, merge_torch, triton_attention, triton_merge
+from fmha import dispatch, gluon_attention, merge_torch, triton_attention
 from fmha.adapters import flex, sdpa
 from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
 
-KERNELS: dict[str, KernelEntry] = {
-    e.name: e for e in [triton_attention.ENTRY, gluon_attention.ENTRY, *sdpa.ENTRIES, *flex.ENTRIES]
-}
+OURS = [
+    KernelEntry(
+        name="fmha", fn=dispatch.attention, capabilities=dispatch.CAPABILITIES,
+        description="fmha.attention: the Gluon kernel for bf16 head dim 512 on Hopper, the Triton kernel for "
+                    "everything else (compiled on CUDA, TRITON_INTERPRET=1 on CPU)",
+    ),
+    KernelEntry(
+        name="triton", fn=dispatch.only(triton_attention.IMPLEMENTATION),
+        capabilities=triton_attention.CAPABILITIES, default_devices=(),
+        description="fmha's Triton kernel alone, also where fmha.attention would run the Gluon one",
+    ),
+    KernelEntry(
+        name="gluon", fn=dispatch.only(gluon_attention.IMPLEMENTATION),
+        capabilities=gluon_attention.CAPABILITIES, availability=gluon_attention.availability,
+        default_devices=("cuda",),
+        description="fmha's Gluon kernel alone (bf16 head dim 512 on Hopper; fmha.attention runs it there)",
+    ),
+]
+
+KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES]}
 
 MERGES: dict[str, MergeEntry] = {
     m.name: m
     for m in [
-        triton_merge.MERGE_ENTRY,
+        MergeEntry("fmha", dispatch.merge, description="fmha.merge: fmha's Triton D5 merge"),
         MergeEntry("torch-merge", merge_torch.merge, description="eager PyTorch, float32 math"),
     ]
 }
-
-
-def register_kernel(entry: KernelEntry) -> KernelEntry:
-    if entry.name in KERNELS:
-        raise ValueError(f"kernel name {entry.name!r} is already registered")
-    KERNELS[entry.name] = entry
-    return entry
 
 
 def _import(spec: str, what: str):
@@ -41,13 +54,26 @@ def _import(spec: str, what: str):
     if not module_name or not attr:
         raise ValueError(f"--fmha-{what}: expected a registered name or 'package.module:attr', got {spec!r}")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except ImportError as e:
         raise ValueError(f"--fmha-{what} {spec!r}: cannot import {module_name!r}: {e}") from e
     try:
         return getattr(module, attr)
     except AttributeError:
         raise ValueError(f"--fmha-{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _import_module(name: str):
+    """`name` from sys.path, else from the current directory, as `python -m pytest` would
+    (a plain `pytest` does not put it on sys.path)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        here = os.getcwd()
+        if e.name != name.partition(".")[0] or here in sys.path:
+            raise
+        sys.path.insert(0, here)
+        return importlib.import_module(name)
 
 
 def _resolve(spec: str, what: str, table: dict, entry_type: type, wrap):

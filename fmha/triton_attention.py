@@ -1,4 +1,4 @@
-"""fmha.attention: one Triton forward kernel for the whole contract.
+"""The Triton forward kernel: the whole contract, compiled on GPUs and interpreted on the CPU.
 
 Tiling. A program owns BLOCK_M query rows of one (batch, KV head) and loops over keys in
 tiles of BLOCK_N with an online softmax (running max and sum, base 2). Its rows are packed
@@ -15,7 +15,7 @@ not: seed 000, §2). Dv wider than BLOCK_DV is split across programs, each recom
 When K is V (DSV4) and a Dv slice is a head-dim chunk, the value tile is that chunk of the
 key tile already in shared memory: half the loads, and room for a third stage.
 
-Precision of P.V (DESIGN.md: bf16 P costs ~1e-6 of cosine, below the 0.999998 gate):
+Precision of P.V (docs/contract.md: bf16 P costs ~1e-6 of cosine, below the 0.999998 gate):
 - bf16: P = P_hi + P_lo, both bf16, two MMAs against bf16 V. P keeps ~16 bits; V stays in
   its own dtype, so |V| up to bf16's range neither overflows nor loses accuracy.
 - fp16: P in fp16 (11 bits) against fp16 V: one MMA.
@@ -23,15 +23,11 @@ Precision of P.V (DESIGN.md: bf16 P costs ~1e-6 of cosine, below the 0.999998 ga
 Under the CPU interpreter bf16 is upcast to fp32 before any arithmetic (Triton interpreter
 issues 11584, 11604), so the same tiling and masking run with fp32 dots.
 
-Split-KV: decode-like problems split key ranges longer than 1024 into fixed-size chunks
-across programs; each writes a normalised fp32 partial and its LSE, and fmha.triton_merge
-combines them (adding the sink there), exactly as the contract's D5 merge. The chunk size
-does not depend on the batch, so results are batch-invariant.
+Split-KV (fmha.host): with SPLIT the kernel writes each key range's normalised fp32 partial
+and its LSE, merged after by the D5 merge.
 
-Dispatch: on a Hopper GPU, bf16 with head dim 512 (DSV4) runs fmha.gluon_attention instead,
-which computes QK^T once per row where this kernel computes it once per Dv slice; the host
-code here (checks, splits, merge) serves both. Everything else, and everything interpreted
-on the CPU, runs this kernel.
+fmha.attention runs this kernel for everything but bf16 head dim 512 on Hopper, which goes
+to fmha.gluon_attention (fmha.dispatch), and for everything interpreted on the CPU.
 """
 
 from __future__ import annotations
@@ -41,13 +37,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from fmha import gluon_attention
-from fmha.capabilities import Capabilities, KernelEntry
-from fmha.contract import check_attention_args
-from fmha.triton_merge import merge_into
+from fmha.capabilities import Capabilities
+from fmha.host import Implementation, key_operand
 from fmha.triton_utils import interpreting, round_for_bf16
-
-LOG2E = 1.4426950408889634  # the kernel works in base 2; inside it the literals carry the names
 
 HEAD_DIMS = tuple(range(16, 513, 16))
 
@@ -276,98 +268,21 @@ def _specialization(problem, tiles: dict, split: bool, upcast: bool) -> dict:
                 PV_MODE=_pv_mode(problem.dtype), UPCAST=upcast, **tiles)
 
 
-def _keys_per_split(problem, device_type: str) -> int:
-    """Split long key ranges of decode-like problems into fixed-size chunks (merged after).
-
-    The chunk size never depends on the batch size or the number of heads, so a row's
-    arithmetic does not either: a batch row computed alone equals the same row in a batch,
-    bitwise. On an H200 splitting DSV4 decode (S = 640) lost (63 µs unsplit, 87-129 µs in
-    2-5 splits, fmha.tune 2026-11-29), so only ranges past 1024 keys are split. Interpreted,
-    speed is moot: chunks of 256 keys make the CPU tier run the split-and-merge path.
-    """
-    if device_type != "cuda":
-        return 256
-    decode_like = problem.q_len * problem.group <= 128
-    return 1024 if decode_like else max(problem.kv_len, 1)
-
-
-def _key_operand(t: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
-    """Keys or values (B, S, H, D) as (tensor, shape, strides) that a TMA descriptor accepts.
-
-    TMA wants a 16-byte aligned base and 16-byte multiples for the strides. A size-1 dim's
-    stride is never used, so it is replaced; a view that still breaks the rules (misaligned
-    slice, broadcast stride 0) is copied first. No keys (S = 0): a one-key dummy, never read.
-    """
-    if t.shape[1] == 0:
-        t = t.new_zeros(t.shape[0], 1, *t.shape[2:])
-    dense = torch.empty(t.shape, device="meta").stride()
-    strides = [s if n > 1 else c for s, n, c in zip(t.stride(), t.shape, dense)]
-    if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in strides[:-1]):
-        t = t.clone(memory_format=torch.contiguous_format)
-        strides = list(t.stride())
-    return t, list(t.shape), strides
-
-
 def _key_descriptor(t: torch.Tensor, block_n: int, block_d: int) -> TensorDescriptor:
     """A TMA descriptor over keys or values (B, S, H, D) that loads (1, block_n, 1, block_d)."""
-    return TensorDescriptor(*_key_operand(t), [1, block_n, 1, block_d])
+    return TensorDescriptor(*key_operand(t), [1, block_n, 1, block_d])
 
 
-def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
-    """The contract's attention (see fmha.contract) in one kernel launch (two when the keys
-    are split): this module's Triton kernel, or on Hopper for bf16 head dim 512,
-    fmha.gluon_attention's."""
-    return _attention(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
+def _key_tile(problem, device_type: str, tiles: tuple | None) -> int:
+    return _tiles(problem, device_type, tiles, k_is_v=problem.shared_kv)["BLOCK_N"]
 
 
-def _attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, tiles=None, splits=None,
-               gluon=None):
-    """`tiles` (the Triton kernel's, for fmha.tune) and `splits` override the tables; `gluon`
-    False keeps to the Triton kernel where the Gluon one would run."""
-    problem = check_attention_args(
-        q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
-        capabilities=ENTRY.capabilities_on(q.device.type),
-    )
-    B, T, HQ, D = q.shape
-    S, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
-    G = HQ // HKV
-    scale = D**-0.5 if scale is None else scale
-    o = torch.empty(B, T, HQ, DV, dtype=q.dtype, device=q.device) if out is None else out
-    lse = torch.empty(B, HQ, T, dtype=torch.float32, device=q.device)
-    if o.numel() == 0 or lse.numel() == 0:
-        return o, lse.fill_(float("-inf"))
-
-    if gluon is None:
-        gluon = tiles is None and not gluon_attention.not_used_reasons(problem, q.device)
-    if gluon:
-        block_n = gluon_attention.BLOCK_N.value
-    else:
-        tiles = _tiles(problem, q.device.type, tiles, k_is_v=k is v)
-        block_n = tiles["BLOCK_N"]
-    keys_per_split = _keys_per_split(problem, q.device.type) if splits is None else triton.cdiv(max(S, 1), splits)
-    keys_per_split = triton.cdiv(keys_per_split, block_n) * block_n
-    splits = triton.cdiv(max(S, 1), keys_per_split)
-    if splits > 1:
-        target = torch.empty(splits, B, T, HQ, DV, dtype=torch.float32, device=q.device)
-        target_lse = torch.empty(splits, B, HQ, T, dtype=torch.float32, device=q.device)
-    else:
-        target, target_lse = o.unsqueeze(0), lse.unsqueeze(0)
-    if gluon:
-        k_operand = _key_operand(k)
-        v_operand = k_operand if k is v else _key_operand(v)
-        gluon_attention.launch(q, k_operand, v_operand, sink, target, target_lse, T=T, S=S, G=G,
-                               window=window, qk_scale=scale * LOG2E, keys_per_split=keys_per_split, causal=causal,
-                               split=splits > 1, k_is_v=k is v)
-    else:
-        _launch(problem, q, k, v, sink, target, target_lse, tiles, T=T, S=S, G=G, window=window,
-                qk_scale=scale * LOG2E, keys_per_split=keys_per_split, split=splits > 1)
-    if splits > 1:
-        merge_into(o, lse, target, target_lse, sink)
-    return o, lse
-
-
-def _launch(problem, q, k, v, sink, target, target_lse, tiles, *, T, S, G, window, qk_scale, keys_per_split, split):
-    B, _, HQ, _ = q.shape
+def launch(problem, q, k, v, sink, target, target_lse, *, window, qk_scale, keys_per_split, split, tiles=None):
+    """One launch into target (B, T, HQ, Dv) and target_lse (B, HQ, T), or with `split` into
+    the fp32 partials (splits, B, T, HQ, Dv) and (splits, B, HQ, T) (fmha.host.run)."""
+    tiles = _tiles(problem, q.device.type, tiles, k_is_v=problem.shared_kv)
+    B, T, HQ, _ = q.shape
+    S, G = problem.kv_len, problem.group
     row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
     dv_blocks = triton.cdiv(problem.head_dim_v, tiles["BLOCK_DV"])
     upcast = interpreting() and q.dtype == torch.bfloat16
@@ -384,13 +299,13 @@ def _launch(problem, q, k, v, sink, target, target_lse, tiles, *, T, S, G, windo
     )
 
 
-ENTRY = KernelEntry(
-    name="triton",
-    fn=attention,
-    capabilities=Capabilities(
-        head_dims=HEAD_DIMS,
-        notes={"head_dim": "multiples of 16 up to 512 (tiles are powers of two, masked)"},
-    ),
-    description="fmha's Triton forward kernel (compiled on CUDA, TRITON_INTERPRET=1 on CPU); on Hopper, bf16 head dim "
-                "512 runs fmha.gluon_attention",
+CAPABILITIES = Capabilities(
+    head_dims=HEAD_DIMS,
+    promises=frozenset({"bitwise_deterministic", "batch_invariant"}),
+    notes={"head_dim": "multiples of 16 up to 512 (tiles are powers of two, masked)"},
+)
+
+IMPLEMENTATION = Implementation(
+    name="triton", capabilities=CAPABILITIES, key_tile=_key_tile, launch=launch,
+    description="fmha's Triton forward kernel (compiled on CUDA, TRITON_INTERPRET=1 on CPU)",
 )

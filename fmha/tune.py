@@ -16,8 +16,8 @@ import sys
 
 import torch
 
+from fmha import dispatch, triton_attention
 from fmha.bench import GRID_DECODE, SPEED_SHAPES, _inputs, time_us
-from fmha.triton_attention import _attention
 
 CANDIDATES = {
     64: [(64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 64, 64, 4, 3), (128, 32, 64, 4, 3)],
@@ -43,21 +43,22 @@ def main(argv=None) -> int:
     if args.head_dim:
         for d in set(CANDIDATES) - set(args.head_dim):
             del CANDIDATES[d]
-    for shape in SPEED_SHAPES + GRID_DECODE:
-        if args.shape not in shape.name or shape.D not in CANDIDATES:
+    for name, p in {**SPEED_SHAPES, **GRID_DECODE}.items():
+        if args.shape not in name or p.head_dim not in CANDIDATES:
             continue
-        q, k, v = _inputs(shape)
-        out = torch.empty(shape.B, shape.T, shape.Hq, shape.D, dtype=q.dtype, device="cuda")
+        q, k, v = _inputs(p)
+        out = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=q.dtype, device="cuda")
         results = []
-        for tiles, splits in [(t, s) for t in CANDIDATES[shape.D] for s in SPLITS]:
+        for tiles, splits in [(t, s) for t in CANDIDATES[p.head_dim] for s in SPLITS]:
+            attention = dispatch.only(triton_attention.IMPLEMENTATION, tiles=tiles, splits=splits)
             try:
-                us = time_us(lambda: _attention(q, k, v, causal=shape.causal, out=out, tiles=tiles, splits=splits))
+                us = time_us(lambda: attention(q, k, v, causal=p.causal, out=out))
             except Exception as e:  # out of shared memory, ...
-                print(f"  {shape.name} {tiles}: {type(e).__name__} {str(e)[:80]}", flush=True)
+                print(f"  {name} {tiles}: {type(e).__name__} {str(e)[:80]}", flush=True)
                 continue
             results.append((us, tiles, splits))
         results.sort()
-        print(f"{shape.name}: " + ", ".join(f"{t} splits={s or 'auto'} {us:.1f}µs" for us, t, s in results), flush=True)
+        print(f"{name}: " + ", ".join(f"{t} splits={s or 'auto'} {us:.1f}µs" for us, t, s in results), flush=True)
     return 0
 
 

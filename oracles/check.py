@@ -1,4 +1,5 @@
-"""Run one kernel on one problem and judge it against the float64 oracle.
+"""Run one kernel on one sample and judge it against the float64 oracle: one call of the
+kernel, one oracle pass.
 
 The output buffer is poisoned with a NaN carrying a payload no arithmetic produces, so an
 element the kernel never wrote is told apart from a NaN it computed.
@@ -11,12 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from fmha.capabilities import KernelEntry
-from fmha.problem import Problem
-from oracles import reference
-from oracles.diagnose import explain
-from oracles.inputs import Inputs, make_inputs
-from oracles.metrics import measure
-from oracles.verdict import Tolerance, Verdict, judge
+from fmha.oracles import reference
+from fmha.oracles.diagnose import explain
+from fmha.oracles.metrics import measure
+from fmha.oracles.sample import Inputs, Sample
+from fmha.oracles.verdict import Tolerance, Verdict, judge
 
 # Quiet NaNs with a payload: a NaN a kernel computes (0/0, inf - inf) is the canonical one.
 POISON_BITS = {torch.bfloat16: 0x7FD5, torch.float16: 0x7E55, torch.float32: 0x7FC05A5A}
@@ -39,59 +39,65 @@ def still_poisoned(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Run:
-    problem: Problem
+    """What one call returned."""
+
     inputs: Inputs
     o: torch.Tensor
     lse: torch.Tensor | None
-    unwritten: torch.Tensor | None
+    unwritten: torch.Tensor | None  # elements of out= still holding the poison
 
 
-def run_kernel(kernel: KernelEntry, problem: Problem, inputs: Inputs, use_out: bool | None = None) -> Run:
+def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None) -> Run:
     """Call the kernel per the contract; pass a poisoned out= when it supports out."""
     if use_out is None:
         use_out = "out" in kernel.capabilities_on(inputs.q.device.type).features
-    kwargs = inputs.kwargs(problem)
+    kwargs = inputs.kwargs()
     out = None
     if use_out:
-        B, T, H, Dv = problem.batch, problem.q_len, problem.heads_q, problem.head_dim_v
-        out = poisoned((B, T, H, Dv), problem.dtype, inputs.q.device)
+        p = inputs.problem
+        out = poisoned((p.batch, p.q_len, p.heads_q, p.head_dim_v), p.dtype, inputs.q.device)
         kwargs["out"] = out
-    o, lse = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
+    result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
+    o, lse = _unpack(kernel, inputs, result)
     if out is not None and o.data_ptr() != out.data_ptr():
         raise AssertionError(f"{kernel.name}: out= was given but the returned o is a different tensor")
     unwritten = still_poisoned(o) if out is not None else None
-    return Run(problem, inputs, o, lse, unwritten)
+    return Run(inputs, o, lse, unwritten)
 
 
-def visible_logit_rms(problem: Problem, x: Inputs) -> float:
-    scores = reference.logits(x.q, x.k, x.scale)
-    visible = reference.visibility_mask(problem.q_len, problem.kv_len, problem.causal, problem.window, x.q.device)
-    visible_scores = scores.masked_select(visible)
-    return float(visible_scores.square().mean().sqrt()) if visible_scores.numel() else 0.0
+def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(o, lse) as the contract says, or an AssertionError saying what came back instead."""
+    p = inputs.problem
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
+        raise AssertionError(f"{kernel.name}: expected (o, lse) with lse a tensor or None, got {type(result).__name__}")
+    o, lse = result
+    expected = (p.batch, p.q_len, p.heads_q, p.head_dim_v)
+    if tuple(o.shape) != expected or o.dtype != p.dtype:
+        raise AssertionError(f"{kernel.name}: o should be {expected} {p.dtype}, got {tuple(o.shape)} {o.dtype}")
+    if lse is not None and tuple(lse.shape) != (p.batch, p.heads_q, p.q_len):
+        raise AssertionError(f"{kernel.name}: lse should be {(p.batch, p.heads_q, p.q_len)}, got {tuple(lse.shape)}")
+    return o, lse
 
 
-def oracle_of(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float64 (o, lse) the run is judged against."""
-    x = run.inputs
-    return reference.attention(x.q, x.k, x.v, **x.kwargs(run.problem))
+def oracle_of(inputs: Inputs) -> reference.Oracle:
+    """The float64 answer `inputs` are judged against."""
+    return reference.oracle(inputs.q, inputs.k, inputs.v, **inputs.kwargs())
 
 
-def judge_run(run: Run, tolerance: Tolerance | None = None, oracle=None) -> Verdict:
-    """`oracle`: oracle_of(run), when the caller needs it too (computed here otherwise)."""
-    x = run.inputs
-    kwargs = x.kwargs(run.problem)
-    oracle_o, oracle_lse = oracle if oracle is not None else oracle_of(run)
-    oracle_abs = reference.magnitudes(x.q, x.k, x.v, **kwargs)
-    metrics = measure(run.o, oracle_o, run.lse, oracle_lse, run.unwritten, visible_logit_rms(run.problem, x), oracle_abs)
+def judge_run(run: Run, oracle: reference.Oracle | None = None, kernel: KernelEntry | None = None,
+              tolerance: Tolerance | None = None) -> Verdict:
+    """The verdict on `run` (`oracle`: oracle_of(run.inputs), when the caller has it). On a
+    failure the hints name the likely bug; with `kernel` they may rerun it on simpler inputs
+    to find what the failure depends on."""
+    oracle = oracle if oracle is not None else oracle_of(run.inputs)
+    metrics = measure(run.o, oracle.o, run.lse, oracle.lse, run.unwritten, oracle.logit_rms, oracle.o_abs,
+                      logit_magnitude=oracle.logit_magnitude)
     verdict = judge(metrics, tolerance)
     if not verdict.passed:
-        verdict.hints += explain(run.problem, x, run.o, oracle_o, verdict.metrics.floor)
+        verdict.hints += explain(run, oracle, verdict, kernel)
     return verdict
 
 
-def check_kernel(
-    kernel: KernelEntry, problem: Problem, distribution: str = "normal", seed: int = 0, device="cpu"
-) -> Verdict:
+def check_sample(kernel: KernelEntry, sample: Sample, device="cpu") -> Verdict:
     """Inputs, kernel, oracle, verdict: the unit every agreement test is made of."""
-    inputs = make_inputs(problem, distribution, seed, device)
-    return judge_run(run_kernel(kernel, problem, inputs))
+    return judge_run(run_kernel(kernel, sample.inputs(device)), kernel=kernel)

@@ -1,56 +1,112 @@
-"""Name a failing kernel's bug by the wrong answer it matches.
+"""Name a failing kernel's bug: by the wrong answer its output matches, by the precision its
+error matches, or by the simpler inputs on which it stops failing.
 
-When a verdict fails, the output is also compared with references for common mistakes
-(top-left causal alignment, a missing 1/sqrt(D), an ignored sink, a window off by one). If
-the output is far closer to one of them than to the contract, the failure message says so.
+Three kinds of evidence, tried in this order when a verdict fails:
+- wrong references: the output is far closer to a common mistake (top-left causal
+  alignment, a missing 1/sqrt(D), the scale argument ignored, the sink ignored, a window off
+  by one) than to the contract;
+- precision: the error is as large as computing at a lower precision would make it (fp32
+  inputs at TF32; q.k carried in 16 bits);
+- reruns (when the kernel is given): the kernel passes on the same values in contiguous
+  storage, or with Dv = D, so the failure is in how it handles that dimension.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from fmha.problem import Problem
-from oracles import reference
-from oracles.inputs import Inputs
+from fmha.oracles import reference
+from fmha.oracles.sample import Inputs
+from fmha.problem import DTYPE_NAMES, Problem
+
+if TYPE_CHECKING:  # check imports this module
+    from fmha.capabilities import KernelEntry
+    from fmha.oracles.check import Run
+    from fmha.oracles.verdict import Verdict
 
 
-def _top_left_causal(problem: Problem, x: Inputs):
-    scores = reference.logits(x.q, x.k, x.scale)
-    T, S = problem.q_len, problem.kv_len
+def _top_left_causal(x: Inputs):
+    scores = reference.logits(x.q, x.k, x.sample.scale)
+    T, S = x.problem.q_len, x.problem.kv_len
     visible = torch.ones(T, S, dtype=torch.bool, device=x.q.device).tril()  # row i sees keys <= i
     weights, _ = reference.softmax_with_sink(scores.masked_fill(~visible, float("-inf")), x.sink)
-    v = x.v.double().repeat_interleave(problem.group, dim=2)
+    v = x.v.double().repeat_interleave(x.problem.group, dim=2)
     return torch.einsum("bhts,bshd->bthd", weights, v)
 
 
-def _call(problem: Problem, x: Inputs, **changes):
-    return reference.attention(x.q, x.k, x.v, **{**x.kwargs(problem), **changes})[0]
+def _call(x: Inputs, **changes):
+    return reference.attention(x.q, x.k, x.v, **x.kwargs(**changes))[0]
 
 
-# description -> (applies to this problem?, wrong reference)
-MISTAKES: dict[str, tuple[Callable[[Problem], bool], Callable]] = {
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded to TF32 (10 mantissa bits), nearest even."""
+    bits = t.float().contiguous().view(torch.int32)
+    bits = ((bits + 0xFFF + ((bits >> 13) & 1)) >> 13) << 13
+    return bits.view(torch.float32).double()
+
+
+def _tf32_attention(x: Inputs):
+    """Attention as a TF32 matmul unit computes it: q, k, v and P rounded to TF32."""
+    scores = reference.logits(_tf32(x.q), _tf32(x.k), x.sample.scale)
+    visible = reference.visibility_mask(x.problem.q_len, x.problem.kv_len, x.problem.causal, x.problem.window,
+                                        x.q.device)
+    weights, _ = reference.softmax_with_sink(scores.masked_fill(~visible, float("-inf")), x.sink)
+    v = _tf32(x.v).repeat_interleave(x.problem.group, dim=2)
+    return torch.einsum("bhts,bshd->bthd", _tf32(weights), v)
+
+
+def _sixteen_bit_logits(x: Inputs):
+    """Attention with the logits q.k rounded to 16 bits (the input dtype) before the softmax."""
+    scale = x.q.shape[-1] ** -0.5 if x.sample.scale is None else x.sample.scale
+    dots = reference.logits(x.q, x.k, 1.0).to(x.q.dtype).double()
+    visible = reference.visibility_mask(x.problem.q_len, x.problem.kv_len, x.problem.causal, x.problem.window,
+                                        x.q.device)
+    weights, _ = reference.softmax_with_sink((dots * scale).masked_fill(~visible, float("-inf")), x.sink)
+    v = x.v.double().repeat_interleave(x.problem.group, dim=2)
+    return torch.einsum("bhts,bshd->bthd", weights, v)
+
+
+# description -> (applies to this sample?, wrong reference)
+MISTAKES: dict[str, tuple[Callable[[Inputs], bool], Callable[[Inputs], torch.Tensor]]] = {
     "top-left causal alignment (the contract is bottom-right: query row i sits at S - T + i; "
     "SDPA's is_causal is top-left)": (
-        lambda p: p.causal and p.window is None and p.q_len != p.kv_len,
+        lambda x: x.problem.causal and x.problem.window is None and x.problem.q_len != x.problem.kv_len,
         _top_left_causal,
     ),
     "scale not applied (logits are q.k without the 1/sqrt(D))": (
-        lambda p: True,
-        lambda p, x: _call(p, x, scale=1.0),
+        lambda x: x.sample.scale != 1.0,
+        lambda x: _call(x, scale=1.0),
+    ),
+    "the scale argument ignored (logits scaled by D**-0.5 instead of the scale passed)": (
+        lambda x: x.sample.scale is not None and x.sample.scale != x.q.shape[-1] ** -0.5,
+        lambda x: _call(x, scale=None),
     ),
     "sink ignored (exp(sink) missing from the softmax denominator)": (
-        lambda p: p.sink,
-        lambda p, x: _call(p, x, sink=None),
+        lambda x: x.problem.sink,
+        lambda x: _call(x, sink=None),
     ),
     "window one key too wide (contract: exactly `window` keys, the current one included)": (
-        lambda p: p.window is not None,
-        lambda p, x: _call(p, x, window=p.window + 1),
+        lambda x: x.problem.window is not None,
+        lambda x: _call(x, window=x.problem.window + 1),
     ),
     "window one key too narrow": (
-        lambda p: p.window is not None and p.window > 1,
-        lambda p, x: _call(p, x, window=p.window - 1),
+        lambda x: x.problem.window is not None and x.problem.window > 1,
+        lambda x: _call(x, window=x.problem.window - 1),
+    ),
+}
+
+# description -> (applies to this problem?, reference at that precision)
+PRECISIONS: dict[str, tuple[Callable[[Problem], bool], Callable[[Inputs], torch.Tensor]]] = {
+    "fp32 inputs computed at TF32 precision (10-bit mantissa); the contract wants IEEE fp32 "
+    "(torch.backends.cuda.matmul.allow_tf32 = False; Triton tl.dot(input_precision='ieee'))": (
+        lambda p: p.dtype == torch.float32,
+        _tf32_attention,
+    ),
+    "q.k accumulated or held in 16 bits (low-precision accumulation); accumulate QK^T in fp32": (
+        lambda p: p.dtype != torch.float32,
+        _sixteen_bit_logits,
     ),
 }
 
@@ -60,16 +116,57 @@ def _rel_l2(o: torch.Tensor, ref: torch.Tensor) -> float:
     return float((o - ref).norm()) / max(float(ref.norm()), 1e-300)
 
 
-def explain(problem: Problem, inputs: Inputs, o: torch.Tensor, oracle_o: torch.Tensor, floor: float) -> list[str]:
-    """Mistakes whose reference the output matches far better than the contract's."""
-    error = _rel_l2(o, oracle_o)
-    matches = []
-    if error < 4 * floor:  # not wrong enough to tell one wrong reference from another
-        return matches
-    for description, (applies, wrong_reference) in MISTAKES.items():
-        if not applies(problem):
-            continue
-        alternative_error = _rel_l2(o, wrong_reference(problem, inputs))
-        if alternative_error < 0.25 * error and alternative_error < 10 * floor:
-            matches.append(f"output matches {description}: rel-L2 {alternative_error:.3g} to that, {error:.3g} to the contract")
-    return matches
+def explain(run: Run, oracle: reference.Oracle, verdict: Verdict, kernel: KernelEntry | None = None) -> list[str]:
+    """Likely causes of the failing `verdict` on `run`, each with its evidence."""
+    x, floor = run.inputs, verdict.metrics.floor
+    error = _rel_l2(run.o, oracle.o)
+    hints = []
+    if error >= 4 * floor:  # else not wrong enough to tell one wrong reference from another
+        for description, (applies, wrong_reference) in MISTAKES.items():
+            if applies(x):
+                alternative = _rel_l2(run.o, wrong_reference(x))
+                if alternative < 0.25 * error and alternative < 10 * floor:
+                    hints.append(f"output matches {description}: rel-L2 {alternative:.3g} to that, "
+                                 f"{error:.3g} to the contract")
+    if not hints:
+        for description, (applies, at_precision) in PRECISIONS.items():
+            if applies(x.problem):
+                expected = _rel_l2(at_precision(x), oracle.o)
+                if expected > 2 * floor and expected / 3 <= error <= 16 * expected:
+                    hints.append(f"error matches {description}: rel-L2 {error:.3g}; that precision alone gives "
+                                 f"{expected:.3g}, the {DTYPE_NAMES[x.problem.dtype]} floor is {floor:.3g}")
+    if kernel is not None and not verdict.metrics.unwritten:
+        hints += _reruns(kernel, run, verdict)
+    return hints
+
+
+def _reruns(kernel: KernelEntry, run: Run, verdict: Verdict) -> list[str]:
+    """Simpler versions of the failing call on which the kernel passes: what it mishandles."""
+    from fmha.oracles.check import judge_run, run_kernel  # check imports this module
+
+    x = run.inputs
+    p = x.problem
+    hints = []
+
+    def passes(inputs: Inputs) -> bool:
+        try:
+            return judge_run(run_kernel(kernel, inputs)).passed
+        except Exception:  # noqa: BLE001 -- a simpler call that fails or raises tells nothing
+            return False
+
+    strided = [name for name in ("q", "k", "v") if not getattr(x, name).is_contiguous()]
+    if strided and passes(x.contiguous()):
+        layouts = ", ".join(f"{name} {x.sample.storages[name]} (strides {tuple(getattr(x, name).stride())})"
+                            for name in strided)
+        hints.append(f"the kernel mishandles non-contiguous storage: it passes on contiguous copies of the same "
+                     f"values; here {layouts}")
+    if p.head_dim_v != p.head_dim and not p.shared_kv:
+        D = p.head_dim
+        v = x.v[..., :D] if p.head_dim_v > D else torch.nn.functional.pad(x.v, (0, D - p.head_dim_v))
+        same_dims = x.with_tensors(v=v.contiguous(), sample=x.sample.replace(head_dim_v=D))
+        if passes(same_dims):
+            path = " on the decode path (T = 1)" if p.q_len == 1 else ""
+            hints.append(f"the kernel mishandles Dv != D{path}: it passes with v cut or padded to Dv = D = {D}; "
+                         f"here Dv = {p.head_dim_v}")
+    return hints
+

@@ -1,21 +1,41 @@
-"""A small set of problems that together touch every part of the contract.
+"""A small set of samples that together touch every part of the contract.
 
-Each case is here for a reason (the comment); the 72-config grid and the random strategies
-live beside it and go wider.
+Each is here for a reason (the comment); the 72-config grid and the random strategies live
+beside it and go wider.
 """
 
+from fmha.oracles.sample import Sample
 from fmha.problem import DTYPE_NAMES, Problem
 
+
+def _mha(**changes) -> Problem:
+    return Problem(batch=2, q_len=4, kv_len=128, heads_q=4, heads_kv=4, head_dim=64).replace(**changes)
+
+
 FEATURE_CASES = [
-    Problem(2, 4, 128, 4, 4, 64),  # MHA, no mask, one full tile
-    Problem(1, 1, 100, 8, 1, 128, causal=True),  # decode below one tile; MQA
-    Problem(1, 32, 256, 8, 2, 64, causal=True),  # GQA prefill over two tiles
-    Problem(1, 17, 129, 6, 3, 128, window=16),  # window; S one past a tile
-    Problem(1, 4, 640, 8, 1, 512, window=128, sink=True, shared_kv=True),  # DSV4 decode with MTP
-    Problem(1, 9, 5, 2, 1, 64, causal=True),  # T > S: rows with nothing visible
-    Problem(1, 9, 5, 2, 1, 64, causal=True, sink=True),  # ... whose lse is the sink
-    Problem(2, 64, 64, 4, 4, 256, causal=True),  # square causal prefill
-    Problem(1, 8, 40, 4, 2, 64, head_dim_v=128, sink=True),  # Dv != D, sink without a mask
+    # MHA, no mask, one full tile; and with a scale passed explicitly
+    Sample(problem=_mha()),
+    Sample(problem=_mha(), scale=0.3),
+    # decode below one tile; MQA
+    Sample(problem=Problem(batch=1, q_len=1, kv_len=100, heads_q=8, heads_kv=1, head_dim=128, causal=True)),
+    # GQA prefill over two tiles
+    Sample(problem=Problem(batch=1, q_len=32, kv_len=256, heads_q=8, heads_kv=2, head_dim=64, causal=True)),
+    # window; S one past a tile
+    Sample(problem=Problem(batch=1, q_len=17, kv_len=129, heads_q=6, heads_kv=3, head_dim=128, window=16)),
+    # DSV4 decode with MTP
+    Sample(problem=Problem(batch=1, q_len=4, kv_len=640, heads_q=8, heads_kv=1, head_dim=512, window=128, sink=True,
+                           shared_kv=True)),
+    # T > S: rows with nothing visible, whose lse is -inf, or the sink
+    Sample(problem=Problem(batch=1, q_len=9, kv_len=5, heads_q=2, heads_kv=1, head_dim=64, causal=True)),
+    Sample(problem=Problem(batch=1, q_len=9, kv_len=5, heads_q=2, heads_kv=1, head_dim=64, causal=True, sink=True)),
+    # square causal prefill
+    Sample(problem=Problem(batch=2, q_len=64, kv_len=64, heads_q=4, heads_kv=4, head_dim=256, causal=True)),
+    # Dv != D, sink without a mask; and on the decode path
+    Sample(problem=Problem(batch=1, q_len=8, kv_len=40, heads_q=4, heads_kv=2, head_dim=64, head_dim_v=128, sink=True)),
+    Sample(problem=Problem(batch=3, q_len=1, kv_len=77, heads_q=8, heads_kv=2, head_dim=64, head_dim_v=128)),
+    # q, k and v each in its own storage: heads broadcast, a gap between heads, a longer buffer
+    Sample(problem=Problem(batch=2, q_len=5, kv_len=70, heads_q=4, heads_kv=2, head_dim=64, causal=True),
+           q_storage="expanded", k_storage="strided", v_storage="sliced"),
 ]
 
 DTYPES = tuple(DTYPE_NAMES)
@@ -24,5 +44,5 @@ DTYPES = tuple(DTYPE_NAMES)
 AGREEMENT_DISTRIBUTIONS = ("normal", "constant_scores", "large_logits")
 
 
-def with_dtypes(problems, dtypes=DTYPES):
-    return [p.replace(dtype=d) for p in problems for d in dtypes]
+def with_dtypes(samples, dtypes=DTYPES):
+    return [s.replace(dtype=d) for s in samples for d in dtypes]

@@ -1,42 +1,50 @@
 """Hypothesis strategies over the attention contract, drawn inside a kernel's capabilities.
 
-A `Case` is a problem plus how its inputs are made: distribution, seed and storage
-(contiguous, strided views, or k/v sliced out of a longer poisoned buffer). Draws stay
-inside the kernel's capabilities, so an unsupported combination is never drawn (and never
-fills the health check); `cases` also keeps each example's work under a budget so the
-CPU tier, which runs kernels through the interpreter, stays fast.
+`samples(caps, device)` draws a `Sample` (fmha.oracles.sample): a problem plus the scale,
+the input distribution, the seed and the storage of each of q, k and v, every dimension
+drawn on its own: dtype, head dims (Dv != D too), batch (1-8, sometimes far larger), group
+sizes with several KV heads, sequence lengths at tile edges, causal, window, sink, K is V,
+scale, storage per tensor. What a kernel declares it cannot do is never drawn: its head
+dims per dtype, the features it requires (causal-only), its shape relations (T = S, lengths
+a multiple of a tile) shape the draw, and `not_supported_reasons` filters what is left. A
+budget per call keeps the CPU tier, which interprets kernels, fast: the sizes drawn are cut
+(queries, then batch, then keys) until a call fits it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
 import torch
 from hypothesis import strategies as st
 
 from fmha.capabilities import Capabilities
+from fmha.oracles.distributions import DISTRIBUTIONS
+from fmha.oracles.sample import STORAGES, Sample
 from fmha.problem import Problem
-from oracles.inputs import DISTRIBUTIONS, Inputs, make_inputs
 
 # Sequence lengths at tile sizes +- 1 (16 to 1024), drawn on purpose next to uniform ones.
 TILE_EDGES = sorted({n + d for n in (16, 32, 64, 128, 256, 512, 1024) for d in (-1, 0, 1)})
 GROUP_SIZES = (1, 2, 3, 4, 5, 7, 8, 16)
-STORAGES = ("contiguous", "strided", "sliced")
+# Batches where real kernels switch schedules (vLLM: 160), drawn now and then.
+LARGE_BATCHES = (16, 33, 64, 160)
+# Long contexts: where unnormalised fp16 accumulators overflow with large |V|.
+LONG_KV_LENS = (2048, 3000, 4096)
+DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 
-# Work budget (B * Hq * T * S * D) per example: the interpreter is ~1e3x slower than a GPU.
-WORK_BUDGET = {"cpu": 2e7, "cuda": 2e10}
+# Budget per call, per device. Work: B * Hq * T * S * (D + Dv), what the oracle and an
+# eager kernel pay. Tiles: what the Triton interpreter pays, about 6 ms per 32 rows x 64 keys
+# x 256 head-dim columns whatever else is drawn (CPU, 2026-12-01), counted for the MHA layout
+# because the GQA law runs that too.
+WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
+TILE_BUDGET = {"cpu": 64, "cuda": 1e9}
 
 
-@dataclass(frozen=True)
-class Case:
-    problem: Problem
-    distribution: str = "normal"
-    seed: int = 0
-    storage: str = "contiguous"
-
-    @property
-    def id(self) -> str:
-        return f"{self.problem.id}-{self.distribution}-seed{self.seed}-{self.storage}"
+def _cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:
+    """A call's cost as a fraction of the device's budget (over 1: too much)."""
+    work = batch * heads_q * q_len * kv_len * (head_dim + head_dim_v)
+    tiles = batch * heads_q * -(-q_len // 32) * -(-kv_len // 64) * -(-head_dim // 256) * -(-head_dim_v // 256)
+    return max(work / WORK_BUDGET[device], tiles / TILE_BUDGET[device])
 
 
 def _length(upper: int):
@@ -45,64 +53,91 @@ def _length(upper: int):
     return st.one_of(st.integers(1, upper), st.sampled_from(TILE_EDGES).map(lambda n: min(n, upper)))
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _round_down(n: float, multiple: int) -> int:
+    """n rounded down to a multiple, and at least one multiple."""
+    n = int(n)
+    return max(multiple, n - n % multiple)
+
+
 @st.composite
-def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300, max_kv_len: int = 1100) -> Problem:
-    features = caps.features
-    dtype = draw(st.sampled_from(caps.dtypes))
-    head_dims = [d for d in (caps.head_dims or range(16, 513, 16)) if d % 16 == 0 and d <= 512]
+def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300, max_kv_len: int = 1100,
+             long_context: bool = False) -> Problem:
+    """A problem inside `caps`. With `long_context`, fp16 (where declared) over thousands of keys."""
+    features, requires = caps.features, caps.requires
+    dtypes = [d for d in caps.dtypes if caps.head_dims_for(d) != ()]
+    dtype = draw(st.sampled_from(dtypes))
+    if long_context and torch.float16 in dtypes:
+        dtype = torch.float16
+    head_dims = [d for d in (caps.head_dims_for(dtype) or DEFAULT_HEAD_DIMS) if d <= 512]
     head_dim = draw(st.sampled_from(head_dims))
-    group = draw(st.sampled_from(GROUP_SIZES)) if "gqa" in features else 1
-    heads_kv = draw(st.integers(1, 2))
-    batch = draw(st.integers(1, 3))
-    kv_len = draw(_length(min(max_kv_len, caps.max_kv_len or max_kv_len)))
+    shared_kv = "shared_kv" in requires or ("shared_kv" in features and draw(st.booleans()))
+    # Rare choices are the largest value of a range: hypothesis shrinks toward the smallest.
+    other_dv = caps.split_head_dim_v and not shared_kv and draw(st.integers(0, 3)) == 3
+    head_dim_v = draw(st.sampled_from(head_dims)) if other_dv else head_dim
+    needs_groups = "gqa" in requires
+    group = draw(st.sampled_from(GROUP_SIZES[1:] if needs_groups else GROUP_SIZES)) if "gqa" in features else 1
+    heads_kv = draw(st.integers(1, 4))
+    batch = draw(st.one_of(st.integers(1, 8), st.integers(1, 8), st.integers(1, 8), st.sampled_from(LARGE_BATCHES)))
+    kv_upper = min(max_kv_len, caps.max_kv_len or max_kv_len)
+    # Both drawn either way, so that turning long_context off while shrinking keeps the rest.
+    kv_len, long_kv_len = draw(_length(kv_upper)), draw(st.sampled_from(LONG_KV_LENS))
+    if long_context:
+        kv_len = min(long_kv_len, caps.max_kv_len or long_kv_len)
     q_len = draw(_length(min(max_q_len, caps.max_q_len or max_q_len)))
-    # Keep the work under budget by clamping T (not by a T range that depends on the rest).
-    q_len = int(max(1, min(q_len, WORK_BUDGET[device] // (batch * heads_kv * group * kv_len * head_dim))))
-    causal = "causal" in features and draw(st.booleans())
-    window = draw(st.integers(1, kv_len + 1)) if causal and "window" in features and draw(st.booleans()) else None
-    if causal and not caps.empty_rows:
+    causal = "causal" in requires or ("causal" in features and draw(st.booleans()))
+    windowed = causal and "window" in features and ("window" in requires or draw(st.booleans()))
+    window = draw(st.integers(1, kv_len + 1)) if windowed else None
+    sink = "sink" in requires or ("sink" in features and draw(st.booleans()))
+
+    # The kernel's shape relations, then the budget: fewer queries, then a smaller batch,
+    # then fewer keys.
+    heads_q = heads_kv * group
+    q_step, kv_step = caps.q_len_multiple_of, caps.kv_len_multiple_of
+    kv_len = _round_up(kv_len, kv_step)
+    q_len = kv_len if caps.q_len_equals_kv_len else _round_up(q_len, q_step)
+
+    def over(b, t, s):
+        return _cost(device, b, heads_q, t, s, head_dim, head_dim_v) > 1
+
+    while not caps.q_len_equals_kv_len and q_len > q_step and over(batch, q_len, kv_len):
+        q_len = _round_down(q_len // 2, q_step)
+    while batch > 1 and over(batch, q_len, kv_len):
+        batch //= 2
+    while kv_len > kv_step and over(batch, q_len, kv_len):
+        kv_len = _round_down(kv_len // 2, math.lcm(q_step, kv_step) if caps.q_len_equals_kv_len else kv_step)
+        q_len = kv_len if caps.q_len_equals_kv_len else q_len
+    if causal and not caps.empty_rows and not caps.q_len_equals_kv_len:
         q_len = min(q_len, kv_len)
     return Problem(
-        batch=batch, q_len=q_len, kv_len=kv_len, heads_q=heads_kv * group, heads_kv=heads_kv,
-        head_dim=head_dim, dtype=dtype, causal=causal, window=window,
-        sink="sink" in features and draw(st.booleans()),
-        shared_kv="shared_kv" in features and draw(st.booleans()),
+        batch=batch, q_len=q_len, kv_len=kv_len, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+        head_dim_v=head_dim_v, dtype=dtype, causal=causal, window=window, sink=sink, shared_kv=shared_kv,
     )
+
+
+def scales(head_dim: int):
+    """None (the contract's default, D**-0.5) a quarter of the time, else a scale a caller
+    might pass: any in [1/64, 1], 1, or half the default."""
+    return st.one_of(st.none(), st.floats(1 / 64, 1.0, width=32), st.just(1.0), st.just(head_dim**-0.5 / 2))
 
 
 @st.composite
-def cases(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS), storages=STORAGES, **limits) -> Case:
-    return Case(
-        problem=draw(problems(caps, device, **limits)),
-        distribution=draw(st.sampled_from(distributions)),
+def samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS), storages=STORAGES,
+            **limits) -> Sample:
+    """A sample inside `caps`; one in eight is a long fp16 context with large |V| where the
+    kernel declares fp16 (and the distributions include large_v)."""
+    long_context = "large_v" in distributions and torch.float16 in caps.dtypes and draw(st.integers(0, 7)) == 7
+    problem = draw(problems(caps, device, long_context=long_context, **limits)
+                   .filter(lambda p: not caps.not_supported_reasons(p, device)))
+    storage = st.sampled_from(storages)
+    scale, distribution = draw(scales(problem.head_dim)), draw(st.sampled_from(distributions))
+    return Sample(
+        problem=problem,
+        scale=scale,
+        distribution="large_v" if long_context else distribution,
         seed=draw(st.integers(0, 2**16)),
-        storage=draw(st.sampled_from(storages)),
+        q_storage=draw(storage), k_storage=draw(storage), v_storage=draw(storage),
     )
-
-
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    """The same values as a view with a gap between heads (last dim still contiguous)."""
-    B, L, H, D = t.shape
-    wide = torch.full((B, L, 2 * H, D), float("nan"), dtype=t.dtype, device=t.device)
-    wide[:, :, ::2] = t
-    return wide[:, :, ::2]
-
-
-def sliced(t: torch.Tensor, fill: float = float("nan"), hidden: int = 0) -> torch.Tensor:
-    """The same values as the first S rows of a longer buffer whose tail holds `fill`; with
-    `hidden`, the first `hidden` rows hold `fill` too."""
-    B, S, H, D = t.shape
-    long = torch.full((B, S + 67, H, D), fill, dtype=t.dtype, device=t.device)
-    long[:, hidden:S] = t[:, hidden:]
-    return long[:, :S]
-
-
-def build_inputs(case: Case, device: str, tail_fill: float = float("nan")) -> Inputs:
-    x = make_inputs(case.problem, case.distribution, case.seed, device)
-    if case.storage == "contiguous":
-        return x
-    restride = _strided if case.storage == "strided" else (lambda t: sliced(t, tail_fill))
-    q = _strided(x.q) if case.storage == "strided" else x.q
-    k = restride(x.k)
-    v = k if case.problem.shared_kv else restride(x.v)
-    return Inputs(q=q, k=k, v=v, sink=x.sink, scale=x.scale)

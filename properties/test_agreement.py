@@ -1,15 +1,16 @@
-"""Every selected kernel agrees with the float64 oracle under the verdict, on problems that
-touch every part of the contract, in every dtype."""
+"""Every selected kernel agrees with the float64 oracle under the verdict, on samples that
+touch every part of the contract, in every dtype and a few input distributions."""
 
 import pytest
 
-from ci.plugin import problem_params
-from oracles.check import check_kernel
-from properties.feature_cases import AGREEMENT_DISTRIBUTIONS, FEATURE_CASES, with_dtypes
+from fmha.ci.plugin import problem_params
+from fmha.oracles.check import check_sample
+from fmha.properties.feature_cases import AGREEMENT_DISTRIBUTIONS, FEATURE_CASES, with_dtypes
+
+SAMPLES = [s.replace(distribution=d) for s in with_dtypes(FEATURE_CASES) for d in AGREEMENT_DISTRIBUTIONS]
 
 
-@pytest.mark.parametrize("distribution", AGREEMENT_DISTRIBUTIONS)
-@pytest.mark.parametrize("problem", problem_params(with_dtypes(FEATURE_CASES)))
-def test_kernel_matches_oracle(kernel, problem, distribution, device):
-    verdict = check_kernel(kernel, problem, distribution, seed=0, device=device)
-    assert verdict.passed, verdict.message(f"{kernel.name} {problem.id} {distribution}")
+@pytest.mark.parametrize("sample", problem_params(SAMPLES))
+def test_kernel_matches_oracle(kernel, sample, device):
+    verdict = check_sample(kernel, sample, device)
+    assert verdict.passed, verdict.message(f"{kernel.name} {sample.id}")

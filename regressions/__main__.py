@@ -1,5 +1,5 @@
 """python -m regressions list | matrix | new <id> ..."""
 
-from regressions.cli import main
+from fmha.regressions.cli import main
 
 raise SystemExit(main())

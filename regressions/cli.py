@@ -1,8 +1,8 @@
 """Command line of the trap library.
 
-    python -m regressions list
-    python -m regressions matrix [--fmha-device cpu] [--out docs/kill-matrix.md] [--jobs N] [--fresh]
-    python -m regressions new <id> --reproducer "Case(problem=Problem(...), ...)" --seeds "..." \\
+    python -m fmha.regressions list
+    python -m fmha.regressions matrix [--fmha-device cpu] [--out docs/kill-matrix.md] [--jobs N] [--fresh]
+    python -m fmha.regressions new <id> --reproducer "Sample(problem=Problem(...), ...)" --seeds "..." \\
         --symptom "..." --root-cause "..." [--mutant module:attr]
 """
 
@@ -21,18 +21,18 @@ from fmha import registry
 
 
 def _list(_args) -> int:
-    from regressions.traps import MUTANTS, TRAPS
+    from fmha.regressions.traps import MUTANTS, TRAPS
     for trap in TRAPS.values():
         mutants = [m.name for m in MUTANTS.values() if m.trap == trap.id] or ["(no mutant)"]
         print(f"{trap.id}  seeds {', '.join(trap.seeds)}: {trap.symptom}")
         for case in trap.cases:
-            print(f"    case {case.id}: {case.why}")
+            print(f"    case {case.id}: {case.name}")
         print(f"    mutants: {', '.join(mutants)}")
     return 0
 
 
 def _matrix(args) -> int:
-    from regressions import kill_matrix
+    from fmha.regressions import kill_matrix
     device = args.fmha_device or ("cuda" if torch.cuda.is_available() else "cpu")
     kernels = registry.selected_kernels(args.fmha_kernel, device)
     cache_path = os.path.splitext(args.out)[0] + ".json"
@@ -40,7 +40,7 @@ def _matrix(args) -> int:
     rows = kill_matrix.build(device, args.law_examples, args.jobs, cache,
                              progress=lambda line: print(line, file=sys.stderr))
     correct = kill_matrix.correct_kernel_failures(kernels, device)
-    command = "python -m regressions matrix " + " ".join(sys.argv[2:])
+    command = "python -m fmha.regressions matrix " + " ".join(sys.argv[2:])
     text = kill_matrix.render(rows, correct, device, command.strip(), datetime.date.today().isoformat())
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
@@ -58,7 +58,7 @@ def _matrix(args) -> int:
 
 
 def _new(args) -> int:
-    from regressions.scaffold import new_trap
+    from fmha.regressions.scaffold import new_trap
     try:
         path = new_trap(args.id, args.reproducer, seeds=args.seeds, symptom=args.symptom, root_cause=args.root_cause,
                         why=args.why, mutant=args.mutant, directory=args.dir)
@@ -72,7 +72,7 @@ def _new(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m regressions", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m fmha.regressions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the traps, their cases and mutants").set_defaults(run=_list)
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     new = sub.add_parser("new", help="scaffold a trap module from a reproducer")
     new.add_argument("id", help="kebab-case trap id, e.g. lse-base-two")
     new.add_argument("--reproducer", required=True,
-                     help="the shrunk case the property suite printed: 'Case(problem=Problem(...), ...)' or 'Problem(...)'")
+                     help="the shrunk sample the property suite printed: 'Sample(problem=Problem(...), ...)' or 'Problem(...)'")
     new.add_argument("--seeds", required=True, help="where the bug is documented (seed log, issue, commit)")
     new.add_argument("--symptom", required=True, help="what a user sees")
     new.add_argument("--root-cause", required=True, help="what is wrong in the kernel (or 'unknown yet')")
@@ -102,6 +102,6 @@ def main(argv=None) -> int:
 
     args = parser.parse_args(argv)
     if getattr(args, "dir", "") is None:
-        from regressions.scaffold import TRAPS_DIR
+        from fmha.regressions.scaffold import TRAPS_DIR
         args.dir = TRAPS_DIR
     return args.run(args)

@@ -9,14 +9,16 @@ regressions/test_gluon_mutants.py runs them on a Hopper GPU (the GPU tier).
 from __future__ import annotations
 
 from fmha.problem import Problem
-from regressions.mutation import Mutant, patched_gluon_kernel
-from regressions.trap import reproducer
+from fmha.regressions.mutation import Mutant, patched_gluon_kernel
+from fmha.regressions.trap import reproducer
 
 # The trap reproducers in the Gluon kernel's shapes: DSV4 decode with a ragged last key tile,
 # and MTP-style causal GQA with a sink.
 CASES = (
-    reproducer(Problem(1, 1, 200, 64, 1, 512, shared_kv=True), why="DSV4-like decode, four key tiles, S ragged"),
-    reproducer(Problem(1, 4, 300, 16, 2, 512, causal=True, sink=True), why="causal GQA, two KV heads, sink"),
+    reproducer(Problem(batch=1, q_len=1, kv_len=200, heads_q=64, heads_kv=1, head_dim=512, shared_kv=True),
+               why="DSV4-like decode, four key tiles, S ragged"),
+    reproducer(Problem(batch=1, q_len=4, kv_len=300, heads_q=16, heads_kv=2, head_dim=512, causal=True, sink=True),
+               why="causal GQA, two KV heads, sink"),
 )
 
 MUTANTS = (

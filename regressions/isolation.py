@@ -16,15 +16,15 @@ CASE_TIMEOUT_S = {"cpu": 5, "cuda": 30}  # the kernel itself, first compile incl
 
 
 def _child(conn, kernel_spec: str, trap_id: str, case_index: int, device: str) -> None:
-    from regressions.mutants import resolve
-    from regressions.trap import check_case
-    from regressions.traps import TRAPS
+    from fmha.regressions.mutants import resolve
+    from fmha.regressions.trap import check_case
+    from fmha.regressions.traps import TRAPS
 
     kernel = resolve(kernel_spec)
-    case = TRAPS[trap_id].cases[case_index]
+    trap = TRAPS[trap_id]
     conn.send(("ready", None))
     try:
-        conn.send(("done", check_case(kernel, case, device)))
+        conn.send(("done", check_case(kernel, trap.cases[case_index], device, trap.symptoms)))
     except Exception as e:  # noqa: BLE001 -- the exception is the finding, reported to the parent
         conn.send(("raised", f"{type(e).__name__}: {e}"))
 

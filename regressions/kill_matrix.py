@@ -17,16 +17,17 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from fmha import triton_attention
+from fmha import host, triton_attention
 from fmha.capabilities import KernelEntry
 from fmha.registry import MERGES
-from oracles import metrics, verdict
-from properties import laws
-from properties.strategies import cases
-from regressions.isolation import check_case_isolated
-from regressions.mutation import Mutant
-from regressions.trap import Trap, check_case
-from regressions.traps import MUTANTS, TRAP_FILES, TRAPS
+from fmha.tables import Table
+from fmha.oracles import metrics, verdict
+from fmha.properties import laws
+from fmha.properties.strategies import samples
+from fmha.regressions.isolation import check_case_isolated
+from fmha.regressions.mutation import Mutant
+from fmha.regressions.trap import Trap, check_case
+from fmha.regressions.traps import MUTANTS, TRAP_FILES, TRAPS
 
 
 def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[str]:
@@ -35,7 +36,7 @@ def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[s
         return check_case_isolated(f"mutant:{mutant.name}", trap.id, index, device)
     kernel = mutant.kernel()  # a mutant that cannot be built is an error, never a catch
     try:
-        return check_case(kernel, trap.cases[index], device)
+        return check_case(kernel, trap.cases[index], device, trap.symptoms)
     except Exception as e:  # noqa: BLE001 -- a kernel that raises is caught by the case
         return [f"raised {type(e).__name__}: {e}"]
 
@@ -51,7 +52,7 @@ def law_failure(kernel: KernelEntry, law, device: str, max_examples: int) -> str
     quick = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
                      phases=[Phase.generate], report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
     try:
-        laws.run_law(law, cases(kernel.capabilities_on(device), device), *operands, device=device, settings=quick)
+        laws.run_law(law, samples(kernel.capabilities_on(device), device), *operands, device=device, settings=quick)
     except pytest.skip.Exception:
         return None
     except Exception as e:  # noqa: BLE001 -- AssertionError or a crash: either way the law caught it
@@ -99,7 +100,7 @@ def row_key(name: str, law_examples: int) -> str:
     """Changes when anything a row depends on changes: the trap module (cases and mutant),
     the kernel it patches, the laws, the verdict they apply or the number of draws. Not the
     device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
-    parts = [TRAP_FILES[MUTANTS[name].trap], *(inspect.getsourcefile(m) for m in (triton_attention, laws, metrics, verdict))]
+    parts = [TRAP_FILES[MUTANTS[name].trap], *(inspect.getsourcefile(m) for m in (triton_attention, host, laws, metrics, verdict))]
     digest = hashlib.sha1(f"{name} {law_examples}".encode())
     for path in parts:
         with open(path, "rb") as f:
@@ -140,7 +141,7 @@ def correct_kernel_failures(kernels: list[KernelEntry], device: str) -> dict[str
             for case in trap.cases:
                 if kernel.not_supported_reasons(case.problem, device):
                     continue
-                failures = check_case(kernel, case, device)
+                failures = check_case(kernel, case, device, trap.symptoms)
                 if failures:
                     found.append(f"{trap.id}/{case.id}: {failures[0]}")
         result[kernel.name] = found
@@ -157,26 +158,29 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
         "reused from the .json beside this page while its trap, the kernel, the laws and the verdict are unchanged).",
         "Each mutant is fmha's kernel with one seed bug",
         "put back (regressions/traps/). CI asserts the diagonal (every mutant fails every case of its",
-        "own trap) and that correct kernels pass every case (regressions/test_*.py); this page shows",
+        "own trap) and that correct kernels pass every case (tests/test_kill_matrix.py, regressions/test_traps.py); this page shows",
         "what else catches each bug, including the generic property suite (the metamorphic laws of",
         "properties/laws.py, first counterexample of a few hypothesis draws each).",
         "",
-        "| mutant | bug | its own trap's cases | other traps' cases that catch it | property laws that catch it |",
-        "|---|---|---|---|---|",
     ]
+    table = Table(["mutant", "bug", "its own trap's cases", "other traps' cases that catch it",
+                   "property laws that catch it"])
     for r in rows:
         mutant = MUTANTS[r.mutant]
         own = "; ".join(f.split(":")[0] for f in r.own)
         caught_all = all(f != "(passed)" for f in r.own)
         laws_cell = r.note or (f"{len(r.laws_caught)}/{r.laws_run}: " + ", ".join(r.laws_caught) if r.laws_caught
                                else f"**none of {r.laws_run}**")
-        out.append(f"| {r.mutant} | {mutant.bug} | {'caught' if caught_all else '**MISSED**'} ({own}) | "
-                   f"{', '.join(r.other_traps) or '—'} | {laws_cell} |")
+        table.add(r.mutant, mutant.bug, f"{'caught' if caught_all else '**MISSED**'} ({own})",
+                  ", ".join(r.other_traps) or "—", laws_cell)
+    out.append(table.markdown())
     gaps = [r.mutant for r in rows if not r.note and not r.laws_caught]
     out += ["", "## Gaps", ""]
     out += ([f"- `{name}`: no property law catches it; only named cases do." for name in gaps]
             or ["- none: every mutant run in-process is caught by at least one property law."])
-    out += ["", "## Correct kernels on every named case", "", "| kernel | cases failed |", "|---|---|"]
-    out += [f"| {name} | {'; '.join(f) if f else '0'} |" for name, f in correct.items()]
+    correct_table = Table(["kernel", "cases failed"])
+    for name, failures in correct.items():
+        correct_table.add(name, "; ".join(failures) if failures else "0")
+    out += ["", "## Correct kernels on every named case", "", correct_table.markdown()]
     out += ["", f"Laws run: {', '.join(law_names)}.", ""]
     return "\n".join(out)

@@ -6,11 +6,30 @@ run and forces the record's removal. A record with `quarantine` is for a configu
 crashes or hangs its process: the test is reported xfail without being launched. A law a
 third-party kernel breaks is a finding recorded here, with its evidence; the law is never
 weakened.
+
+Kernel authors keep records for their own kernels in a TOML file of their own, passed with
+`--fmha-known-failures FILE`, one `[[known_failure]]` table per record with the same fields
+(kernel, test, reason and issue mandatory):
+
+    [[known_failure]]
+    kernel = "my_pkg.attn:fwd"
+    test = "test_agrees_with_the_oracle"
+    reason = "fp16 accumulation of q.k on the decode path: 5-14x the rounding floor"
+    issue = "my_pkg#12"
+    devices = ["cuda"]
+    case = ""          # part of the test id it is limited to; empty: every case
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)
@@ -28,6 +47,7 @@ class KnownFailure:
         for name in ("kernel", "test", "reason", "issue"):
             if not getattr(self, name).strip():
                 raise ValueError(f"KnownFailure.{name} is mandatory")
+        object.__setattr__(self, "devices", tuple(self.devices))
 
 
 _NAN_LEAK = ("masked keys get weight 0 but their V still enters P.V, and 0 * NaN = NaN: a NaN in a "
@@ -45,19 +65,36 @@ LEDGER: tuple[KnownFailure, ...] = (
         devices=("cpu",),
         evidence="shrunk: the same one-row, two-key, window=1 case (CPU flash kernel, torch 2.13, 2026-11-29)",
     ),
-    KnownFailure(
-        "sdpa-math", "test_a_batch_row_alone_equals_the_row_in_the_batch_bitwise",
-        "the math backend's batched matmuls round differently for a batch of one and a batch of "
-        "several, so a row's bits depend on the batch size (not batch-invariant)", "fmha issue 4",
-        devices=("cpu",),
-        evidence="hd32-T1-S993-B3-gqa7-h14 bf16: batch row 2 alone vs in the batch, 1 of 448 elements "
-                 "differ by one bf16 ulp (torch 2.13 CPU, 2026-11-29)",
-    ),
 )
 
 
-def known_failure(kernel: str, test: str, device: str, case_id: str = "") -> KnownFailure | None:
-    for record in LEDGER:
+def load_known_failures(path: str) -> tuple[KnownFailure, ...]:
+    """The records of a TOML known-failures file; a malformed one is a ValueError naming the
+    file, the record and what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            tables = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"--fmha-known-failures {path}: {e}") from None
+    extra = set(tables) - {"known_failure"}
+    if extra:
+        raise ValueError(f"--fmha-known-failures {path}: expected only [[known_failure]] tables, got {sorted(extra)}")
+    fields = {f.name for f in dataclasses.fields(KnownFailure)}
+    records = []
+    for i, table in enumerate(tables.get("known_failure", [])):
+        unknown = set(table) - fields
+        if unknown:
+            raise ValueError(f"--fmha-known-failures {path}: record {i + 1}: unknown field(s) {sorted(unknown)}; "
+                             f"the fields are {', '.join(sorted(fields))}")
+        try:
+            records.append(KnownFailure(**table))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"--fmha-known-failures {path}: record {i + 1}: {e}") from None
+    return tuple(records)
+
+
+def known_failure(records, kernel: str, test: str, device: str, case_id: str = "") -> KnownFailure | None:
+    for record in records:
         if (record.kernel == kernel and record.test == test and device in record.devices
                 and record.case in case_id):
             return record

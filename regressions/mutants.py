@@ -17,7 +17,7 @@ from fmha.registry import resolve_kernel
 
 def resolve(spec: str) -> KernelEntry:
     if spec.startswith("mutant:"):
-        from regressions.traps import MUTANTS
+        from fmha.regressions.traps import MUTANTS
         return MUTANTS[spec.removeprefix("mutant:")].kernel()
     return resolve_kernel(spec)
 
@@ -25,7 +25,7 @@ def resolve(spec: str) -> KernelEntry:
 def __getattr__(attr: str) -> KernelEntry:
     if attr.startswith("__"):  # the import machinery probes dunders (__path__, ...)
         raise AttributeError(attr)
-    from regressions.traps import MUTANTS
+    from fmha.regressions.traps import MUTANTS
     name = attr.replace("_", "-")
     if name not in MUTANTS:
         raise AttributeError(f"no mutant {name!r}; mutants: {', '.join(MUTANTS)}")

@@ -9,6 +9,7 @@ turn a mutant into a copy of the correct kernel. Mutants live here, never in fmh
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -19,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
-from fmha import triton_attention
+from fmha import dispatch, triton_attention
 from fmha.capabilities import KernelEntry
 
 
@@ -82,26 +83,22 @@ def _import_patched(prefix: str, name: str, source: str):
 
 
 def patched_triton_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
-    """fmha's Triton attention with `patches` ((old, new) source snippets) applied."""
+    """fmha's Triton kernel with `patches` ((old, new) source snippets) applied, run where
+    fmha.attention would hand the problem to the Gluon one too (bf16 head dim 512 on Hopper)."""
     module = _import_patched("_mutant", name, patch_source(inspect.getsource(triton_attention), patches, name))
-    # The patches are to the Triton kernel, so the mutant runs it where fmha.attention would
-    # hand the problem to the Gluon one (bf16 head dim 512 on Hopper).
-    return wrapped_kernel(name, functools.partial(module._attention, gluon=False), module.ENTRY.capabilities)
+    return wrapped_kernel(name, dispatch.only(module.IMPLEMENTATION), module.CAPABILITIES)
 
 
 def patched_gluon_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
-    """fmha.attention running fmha.gluon_attention with `patches` applied (Hopper GPUs only)."""
+    """fmha's Gluon kernel with `patches` applied (Hopper GPUs only)."""
     from fmha import gluon_attention
 
-    kernel = _import_patched("_mutant_gluon", name, patch_source(
+    module = _import_patched("_mutant_gluon", name, patch_source(
         inspect.getsource(gluon_attention), patches, name, "fmha/gluon_attention.py"))
-    host = _import_patched("_mutant_host", name, patch_source(
-        inspect.getsource(triton_attention), (("from fmha import gluon_attention\n",
-                                               f"import {kernel.__name__} as gluon_attention\n"),), name))
-    return wrapped_kernel(name, functools.partial(host._attention, gluon=True), kernel.CAPABILITIES)
+    entry = wrapped_kernel(name, dispatch.only(module.IMPLEMENTATION), module.CAPABILITIES)
+    return dataclasses.replace(entry, availability=module.availability)
 
 
 def wrapped_kernel(name: str, fn: Callable, capabilities=None) -> KernelEntry:
-    return KernelEntry(name=f"mutant:{name}", fn=fn,
-                       capabilities=capabilities or triton_attention.ENTRY.capabilities,
+    return KernelEntry(name=f"mutant:{name}", fn=fn, capabilities=capabilities or triton_attention.CAPABILITIES,
                        description=f"regressions mutant {name}")

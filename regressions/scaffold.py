@@ -1,19 +1,20 @@
 """`python -m regressions new <id>`: a trap module from a reproducer, ready to run.
 
-The reproducer is what the property suite prints on a failure, the shrunk case:
-    pin it: @example(case=Case(problem=Problem(batch=1, q_len=1, ...), distribution='normal', seed=0, storage='contiguous'))
+The reproducer is what the property suite prints on a failure, the shrunk sample:
+    pin it: @example(sample=Sample(problem=Problem(batch=1, q_len=1, ...), distribution='peaky', seed=3))
 """
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import os
 import re
 
 import torch
 
+from fmha.oracles.sample import Sample
 from fmha.problem import Problem
-from properties.strategies import Case
 
 TRAPS_DIR = os.path.join(os.path.dirname(__file__), "traps")
 _ID = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -25,9 +26,9 @@ Root cause: {root_cause}
 
 import torch  # noqa: F401  (the reproducer's dtype)
 
+from fmha.oracles.sample import Sample
 from fmha.problem import Problem
-from properties.strategies import Case
-from regressions.trap import Trap, TrapCase
+from fmha.regressions.trap import Trap
 
 TRAP = Trap(
     id={id!r},
@@ -36,15 +37,15 @@ TRAP = Trap(
     symptom={symptom!r},
     root_cause={root_cause!r},
     cases=(
-        TrapCase({case}, why={why!r}),
+        {case},
     ),
 )
 
 {mutants}
 '''
 
-MUTANT_FROM_PLUGIN = '''from regressions.mutants import resolve  # noqa: E402
-from regressions.mutation import Mutant  # noqa: E402
+MUTANT_FROM_PLUGIN = '''from fmha.regressions.mutants import resolve  # noqa: E402
+from fmha.regressions.mutation import Mutant  # noqa: E402
 
 MUTANTS = (
     Mutant({id!r}, TRAP.id, {bug!r}, lambda: resolve({spec!r})),
@@ -57,20 +58,20 @@ NO_MUTANT = '''# Prove the case: add a kernel that has exactly this bug (regress
 MUTANTS = ()'''
 
 
-def parse_reproducer(text: str) -> Case:
-    """A `Case(...)` or a bare `Problem(...)`, as the property suite prints them."""
+def parse_reproducer(text: str) -> Sample:
+    """A `Sample(...)` or a bare `Problem(...)`, as the property suite prints them."""
     text = text.strip().removeprefix("pin it:").strip()
-    if text.startswith("@example(case=") and text.endswith(")"):
-        text = text[len("@example(case="):-1]
+    if text.startswith("@example(sample=") and text.endswith(")"):
+        text = text[len("@example(sample="):-1]
     try:
-        value = eval(text, {"__builtins__": {}}, {"Case": Case, "Problem": Problem, "torch": torch})  # noqa: S307
+        value = eval(text, {"__builtins__": {}}, {"Sample": Sample, "Problem": Problem, "torch": torch})  # noqa: S307
     except Exception as e:
-        raise ValueError(f"reproducer: expected 'Case(problem=Problem(...), ...)' or 'Problem(...)', "
+        raise ValueError(f"reproducer: expected 'Sample(problem=Problem(...), ...)' or 'Problem(...)', "
                          f"got {text!r} ({type(e).__name__}: {e})") from None
     if isinstance(value, Problem):
-        return Case(value)
-    if not isinstance(value, Case):
-        raise ValueError(f"reproducer: expected a Case or a Problem, got {type(value).__name__}")
+        return Sample(problem=value)
+    if not isinstance(value, Sample):
+        raise ValueError(f"reproducer: expected a Sample or a Problem, got {type(value).__name__}")
     return value
 
 
@@ -89,20 +90,11 @@ def new_trap(trap_id: str, reproducer: str, *, seeds: str, symptom: str, root_ca
     case = parse_reproducer(reproducer)
     text = TEMPLATE.format(
         id=trap_id, seeds=seeds, source=source or f"found by the property suite ({seeds})",
-        symptom=symptom, root_cause=root_cause, why=why or "the shrunk counterexample",
-        case=_case_source(case),
+        symptom=symptom, root_cause=root_cause,
+        case=repr(dataclasses.replace(case, name=why or "the shrunk counterexample")),
         mutants=MUTANT_FROM_PLUGIN.format(id=trap_id, bug=bug or symptom, spec=mutant) if mutant
         else NO_MUTANT.format(id=trap_id),
     )
     with open(path, "w") as f:
         f.write(text)
     return path
-
-
-def _case_source(case: Case) -> str:
-    p = case.problem
-    defaults = {name: f.default for name, f in Problem.__dataclass_fields__.items()}
-    defaults["head_dim_v"] = p.head_dim
-    fields = [f"{name}={getattr(p, name)!r}" for name in defaults if getattr(p, name) != defaults[name]]
-    problem = "Problem(" + ", ".join(fields) + ")"
-    return f"Case({problem}, {case.distribution!r}, {case.seed}, {case.storage!r})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fmha.problem import DTYPE_NAMES, Problem
-from oracles.metrics import MANTISSA_BITS
+from fmha.oracles.metrics import MANTISSA_BITS
 
 # Round-to-nearest-even leaves a median error of 0 ulp, truncation -0.5 ulp toward zero. The
 # median, because elements near zero (cancellation) carry errors of tens of ulps in a correct

@@ -1,19 +1,21 @@
-"""Every selected kernel passes every named regression case it supports (a case outside a
-kernel's capabilities is a skip carrying the kernel's reason)."""
+"""Every selected kernel passes every named regression case it supports, in every dtype it
+declares (a case outside a kernel's capabilities is a skip carrying the kernel's reason)."""
 
 import pytest
 
-from regressions.trap import check_case
-from regressions.traps import TRAPS
+from fmha.problem import DTYPE_NAMES
+from fmha.regressions.trap import check_case
+from fmha.regressions.traps import TRAPS
 
 pytestmark = pytest.mark.regression
 
 
-@pytest.mark.parametrize("trap, case", [
-    pytest.param(trap, case, id=f"{trap.id}/{case.id}") for trap in TRAPS.values() for case in trap.cases
+@pytest.mark.parametrize("trap, sample", [
+    pytest.param(trap, case.replace(dtype=dtype), id=f"{trap.id}/{case.replace(dtype=dtype).id}")
+    for trap in TRAPS.values() for case in trap.cases for dtype in DTYPE_NAMES
 ])
-def test_named_regression_case(kernel, trap, case, device):
-    failures = check_case(kernel, case, device)
+def test_named_regression_case(kernel, trap, sample, device):
+    failures = check_case(kernel, sample, device, trap.symptoms)
     assert not failures, (
-        f"{kernel.name} fails named case {trap.id}/{case.id} (seed {', '.join(trap.seeds)}: {trap.symptom}; "
+        f"{kernel.name} fails named case {trap.id}/{sample.id} (seed {', '.join(trap.seeds)}: {trap.symptom}; "
         f"known root cause: {trap.root_cause}):\n" + "\n".join(f"  - {f}" for f in failures))

@@ -3,9 +3,11 @@ what was expected and what came in. Checked through a real kernel entry point.""
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
+import fmha
 from fmha import ContractError, NotSupportedError, check_attention_args, check_merge_args
 from fmha.capabilities import Capabilities
 from fmha.registry import KERNELS
@@ -119,7 +121,7 @@ def test_out_on_a_kernel_without_out_support():
 def test_unsupported_head_dim_for_a_kernel():
     q, k, v = _qkv(D=96)
     caps = Capabilities(head_dims=(64, 128, 256, 512), notes={"head_dim": "tiles are powers of two"})
-    with pytest.raises(NotSupportedError, match=re.escape("head dim 96 unsupported (supports [64, 128, 256, 512]) (tiles are powers of two)")):
+    with pytest.raises(NotSupportedError, match=re.escape("head dim D=96 unsupported (supports [64, 128, 256, 512]) (tiles are powers of two)")):
         check_attention_args(q, k, v, capabilities=caps)
 
 
@@ -140,3 +142,74 @@ def test_merge_sink_shape():
     o = torch.zeros(1, 4, 2, 8)
     with pytest.raises(ContractError, match=re.escape("sink: expected a float32 tensor of shape (2,), got (3,)")):
         check_merge_args([(o, torch.zeros(1, 2, 4))], sink=torch.zeros(3))
+
+
+@pytest.mark.parametrize("scale, shown", [(float("inf"), "inf"), (float("nan"), "nan"), (0.0, "0.0"), (-0.5, "-0.5")])
+def test_scale_must_be_positive_and_finite(scale, shown):
+    _refused(f"scale: expected a positive finite float or None, got {shown}", *_qkv(), scale=scale)
+
+
+def test_scale_of_the_wrong_type_names_the_type():
+    _refused("scale: expected a positive finite float or None, got str '0.1'", *_qkv(), scale="0.1")
+
+
+@pytest.mark.parametrize("bad, shown", [(float("nan"), "nan"), (float("inf"), "inf")])
+def test_sink_nan_or_plus_infinity_is_refused_with_the_head(bad, shown):
+    sink = torch.zeros(4)
+    sink[2] = bad
+    _refused(f"sink: expected finite logits, or -inf for no sink, got {shown} at head 2 (1 of 4 values", *_qkv(),
+             sink=sink)
+
+
+def test_sink_minus_infinity_is_no_sink_and_accepted():
+    check_attention_args(*_qkv(), sink=torch.full((4,), float("-inf")))
+
+
+def test_merge_lse_plus_infinity_is_refused_with_its_place():
+    o = torch.zeros(1, 4, 2, 8)
+    lse = torch.zeros(1, 2, 4)
+    lse[0, 1, 3] = float("inf")
+    with pytest.raises(ContractError, match=re.escape(
+            "parts[1].lse: expected finite values, or -inf for an empty part, got inf at (b, h, t) (0, 1, 3)")):
+        check_merge_args([(o, torch.zeros(1, 2, 4)), (o, lse)])
+
+
+def test_numpy_scalars_are_accepted_where_python_numbers_are():
+    q, k, v = _qkv()
+    expected, _ = sdpa_math(q, k, v, scale=0.25, causal=True, window=3)
+    o, _ = sdpa_math(q, k, v, scale=np.float32(0.25), causal=np.bool_(True), window=np.int64(3))
+    assert torch.equal(o, expected)
+    problem = check_attention_args(q, k, v, scale=np.float64(0.25), causal=np.bool_(False), window=np.int32(3))
+    assert problem.window == 3 and type(problem.window) is int and problem.causal is True
+
+
+def test_a_type_error_names_the_type_without_repeating_itself():
+    with pytest.raises(ContractError) as caught:
+        sdpa_math(*_qkv(), causal=np.int64(1))
+    assert str(caught.value) == "causal: expected True or False, got numpy.int64 np.int64(1)"
+
+
+def test_unsupported_head_dims_give_one_reason_with_the_note_once():
+    q, k, v = _qkv(D=96, Dv=600)
+    caps = Capabilities(head_dims=(64, 128), notes={"head_dim": "tiles are powers of two"})
+    with pytest.raises(NotSupportedError) as caught:
+        check_attention_args(q, k, v, capabilities=caps)
+    assert str(caught.value) == "head dim D=96, Dv=600 unsupported (supports [64, 128]) (tiles are powers of two)"
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_inputs_that_require_grad_get_a_forward_only_error(name):
+    tensors = dict(zip("qkv", _qkv()))
+    tensors[name].requires_grad_(True)
+    _refused(f"{name}: requires grad, but the attention contract is forward-only", *tensors.values())
+    with torch.no_grad():
+        o, _ = sdpa_math(*tensors.values())  # under no_grad the same call is fine
+    assert o.shape == (1, 4, 4, 64)
+
+
+def test_fmha_attention_validates_before_any_kernel_runs():
+    q, k, v = _qkv()
+    with pytest.raises(ContractError, match=re.escape("scale: expected a positive finite float or None, got nan")):
+        fmha.attention(q, k, v, scale=float("nan"))
+    with pytest.raises(ContractError, match=re.escape("sink: expected finite logits")):
+        fmha.attention(q, k, v, sink=torch.tensor([0.0, float("nan"), 0.0, 0.0]))

@@ -1,5 +1,6 @@
 """Each metamorphic law catches a kernel with a realistic bug, and hypothesis shrinks the
-counterexample to a small case. The buggy kernels are throwaway eager plug-ins written here."""
+counterexample to a small sample. The buggy kernels are throwaway eager plug-ins written here;
+they make both promises (bitwise determinism, batch invariance), as the correct one keeps them."""
 
 import itertools
 import math
@@ -9,12 +10,13 @@ import pytest
 import torch
 from hypothesis import settings
 
-from fmha.capabilities import KernelEntry, MergeEntry
+from fmha.capabilities import Capabilities, KernelEntry, MergeEntry
 from fmha.contract import check_merge_args
 from fmha.merge_torch import merge as correct_merge
-from fmha.problem import Problem  # noqa: F401  (evaluates the pinned @example)
-from properties import laws
-from properties.strategies import Case, cases  # noqa: F401
+from fmha.oracles.sample import Sample
+from fmha.problem import Problem
+from fmha.properties import laws
+from fmha.properties.strategies import samples
 
 FIND_AND_SHRINK = settings(max_examples=80, derandomize=True, database=None, deadline=None, report_multiple_bugs=False)
 _calls = itertools.count()
@@ -38,8 +40,8 @@ def _eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=Non
     B, T, H, D = q.shape
     S, group = k.shape[1], H // k.shape[2]
     scale = D ** -0.5 if scale is None else scale
-    if bug == "prescale_k_in_place":  # saves a multiply per logit, and scales v too when k is v
-        k.mul_(scale)
+    if bug == "prescale_k_in_place" and 0 not in k.stride():  # saves a multiply per logit, and scales v too
+        k.mul_(scale)                                           # when k is v (a broadcast k cannot be written)
         scale = 1.0
     position = torch.arange(S)
     if bug == "random_key_order":  # like an atomics-based reduction: the order alternates per call
@@ -79,8 +81,11 @@ def _eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=Non
     return o, lse
 
 
-def mutant(bug: str) -> KernelEntry:
-    return KernelEntry(name=f"eager-{bug}", fn=lambda *a, **kw: eager(*a, bug=bug, **kw))
+PROMISING = Capabilities(promises=frozenset({"bitwise_deterministic", "batch_invariant"}))
+
+
+def mutant(bug: str, capabilities: Capabilities = PROMISING) -> KernelEntry:
+    return KernelEntry(name=f"eager-{bug}", fn=lambda *a, **kw: eager(*a, bug=bug, **kw), capabilities=capabilities)
 
 
 def max_instead_of_logsumexp(parts, sink=None):
@@ -114,28 +119,41 @@ CASES = {
 }
 
 
-def _pinned_case(error: BaseException) -> Case:
+def _pinned_sample(error: BaseException) -> Sample:
     notes = "\n".join(getattr(error, "__notes__", []))
-    found = re.search(r"@example\(case=(Case\(.*\))\)", notes)
+    found = re.search(r"@example\(sample=(Sample\(.*\))\)", notes)
     assert found, f"no @example line in the failure output:\n{notes}"
-    return eval(found.group(1))
+    return eval(found.group(1), {"Sample": Sample, "Problem": Problem, "torch": torch})
 
 
 @pytest.mark.parametrize("law_name", CASES)
 def test_the_law_catches_its_mutant_with_a_small_counterexample(law_name):
     operands, bug = CASES[law_name]
-    strategy = cases(CORRECT.capabilities, "cpu")
+    strategy = samples(CORRECT.capabilities, "cpu")
     with pytest.raises(AssertionError) as caught:
         laws.run_law(getattr(laws, law_name), strategy, *operands, device="cpu", settings=FIND_AND_SHRINK)
-    case = _pinned_case(caught.value)
-    p = case.problem
+    sample = _pinned_sample(caught.value)
+    p = sample.problem
     work = p.batch * p.heads_q * p.q_len * p.kv_len * p.head_dim  # 1% of the CPU budget, or less
-    assert work <= 2e5, f"{bug}: the shrunk counterexample is not small: {case}"
+    assert work <= 2e5, f"{bug}: the shrunk counterexample is not small: {sample}"
 
 
 @pytest.mark.parametrize("law_name", CASES)
 def test_the_correct_eager_kernel_obeys_the_law(law_name):
     operands, _ = CASES[law_name]
     fixed = tuple(CORRECT if isinstance(o, KernelEntry) else CORRECT_MERGE for o in operands)
-    laws.run_law(getattr(laws, law_name), cases(CORRECT.capabilities, "cpu"), *fixed, device="cpu",
+    laws.run_law(getattr(laws, law_name), samples(CORRECT.capabilities, "cpu"), *fixed, device="cpu",
                  settings=settings(max_examples=10, derandomize=True, database=None, deadline=None))
+
+
+@pytest.mark.parametrize("law_name, bug", [("batch_rows_independent", "batch_max"), ("deterministic", "random_key_order")])
+def test_a_kernel_that_makes_no_promise_is_held_to_the_verdict_and_one_that_does_bitwise(law_name, bug):
+    """The same bits-only bug (a softmax max over the whole batch; a key order that changes per
+    call) passes the law where the kernel promises nothing, and fails it where it promises."""
+    law = getattr(laws, law_name)
+    quick = settings(max_examples=10, derandomize=True, database=None, deadline=None)
+    # N(0, 1) logits: the batch-wide max leaves every exp in range, so the values stay right
+    strategy = samples(PROMISING, "cpu", distributions=("normal",))
+    laws.run_law(law, strategy, mutant(bug, Capabilities()), device="cpu", settings=quick)
+    with pytest.raises(AssertionError, match="differ bitwise"):
+        laws.run_law(law, strategy, mutant(bug), device="cpu", settings=quick)

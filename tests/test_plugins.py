@@ -69,6 +69,32 @@ PLUGGED = textwrap.dedent('''
         out = torch.empty_like(o) if out is None else out
         out[:, :-1] = o[:, :-1]  # the last query row is never stored
         return out, lse
+
+    def ignores_scale(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        return correct(q, k, v, causal=causal, window=window, sink=sink, out=out)  # always D ** -0.5
+
+    def _dense(t):
+        """t's memory read as if it were a dense tensor of t's shape: what a kernel that takes
+        the data pointer and computes its own strides sees."""
+        strides = torch.empty(t.shape, device="meta").stride()
+        return torch.as_strided(t, t.shape, strides, t.storage_offset())
+
+    def assumes_contiguous(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        return correct(q, _dense(k), _dense(v), scale=scale, causal=causal, window=window, sink=sink, out=out)
+
+    def dv_bug_on_decode(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        o, lse = correct(q, k, v, scale=scale, causal=causal, window=window, sink=sink)
+        if q.shape[1] == 1:  # the decode path sizes its accumulator by D, not Dv
+            D = q.shape[-1]
+            o = torch.nn.functional.pad(o[..., :D], (0, max(0, o.shape[-1] - D)))
+        return _finish(o, q, out), lse
+
+    def _tf32(t):
+        """fp32 with the low 13 mantissa bits dropped, as a TF32 matmul unit reads it."""
+        return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32) if t.dtype == torch.float32 else t
+
+    def tf32(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        return correct(_tf32(q), _tf32(k), _tf32(v), scale=scale, causal=causal, window=window, sink=sink, out=out)
 ''')
 
 # One causal GQA prefill with T < S, in bf16: enough to expose each bug.
@@ -110,10 +136,29 @@ def test_a_buggy_plugged_kernel_fails_naming_its_bug(plugged, plugin, named):
     assert named in result.stdout.str(), result.stdout.str()[-3000:]
 
 
+@pytest.mark.parametrize(
+    "plugin, selection, named",
+    [
+        ("ignores_scale", "scale0.3 and bf16-normal", "the scale argument ignored"),
+        ("assumes_contiguous", "k.strided and bf16-normal", "mishandles non-contiguous storage"),
+        ("dv_bug_on_decode", "dv128-T1 and bf16-normal", "mishandles Dv != D on the decode path"),
+        ("tf32", "hd64-T4-S128-B2-mha-h4-fp32-normal", "fp32 inputs computed at TF32 precision"),
+    ],
+    ids=["ignores-scale", "assumes-contiguous", "dv-on-decode", "tf32"],
+)
+def test_a_plugged_kernel_with_a_hidden_dimension_bug_fails_naming_it(plugged, plugin, selection, named):
+    """Each bug passes every sample that does not vary its dimension: the agreement cases draw
+    a scale, K and V in their own storage, Dv != D at T = 1, and fp32 inputs."""
+    result = _run(plugged, plugin, "-k", selection)
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed", 0) >= 1, out[-3000:]
+    assert named in out, out[-3000:]
+
+
 def test_an_unknown_kernel_name_is_a_usage_error(plugged):
     result = plugged.runpytest(AGREEMENT, "--fmha-kernel=no-such-kernel")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "unknown name; registered: triton, gluon, sdpa-math" in result.stderr.str()
+    assert "unknown name; registered: fmha, triton, gluon, sdpa-math" in result.stderr.str()
 
 
 def test_a_missing_attribute_is_a_usage_error(plugged):
@@ -138,7 +183,7 @@ def test_unsupported_combinations_are_skips_carrying_the_kernels_reason(plugged)
     out = result.stdout.str()
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes["passed"] > 0 and outcomes["skipped"] > 0, out[-3000:]
-    assert "limited_kernels:limited: head dim 128 unsupported (supports [64]) (one tile shape)" in out
+    assert "limited_kernels:limited: head dim D=128 unsupported (supports [64]) (one tile shape)" in out
     assert "limited_kernels:limited: no gqa support; no sink support" in out
 
 
@@ -154,14 +199,14 @@ def test_a_quarantined_configuration_is_reported_without_being_launched(plugged)
         def aborts(*args, **kwargs):
             os.abort()
     '''), quarantine_record=textwrap.dedent('''
-        from regressions import ledger
+        from fmha.regressions import ledger
 
         ledger.LEDGER += (ledger.KnownFailure(
             "crashing_kernels:aborts", "test_named_regression_case", "aborts the process", "fmha issue 5",
             case="missing-scale/", quarantine=True),)
     '''))
     result = plugged.runpytest_subprocess(TRAPS, "-p", "no:cacheprovider", "-p", "quarantine_record", "-rx",
-                                          "-k", "missing-scale", "--fmha-kernel=crashing_kernels:aborts",
+                                          "-k", "missing-scale and bf16", "--fmha-kernel=crashing_kernels:aborts",
                                           "--fmha-device=cpu")
     result.assert_outcomes(xfailed=2)
     assert "[quarantined: not launched]" in result.stdout.str()

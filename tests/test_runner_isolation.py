@@ -12,9 +12,9 @@ pytest_plugins = ["pytester"]
 LATER_TESTS = 4
 SESSION = textwrap.dedent(f'''
     import pytest
-    from regressions.mutants import resolve
-    from regressions.trap import check_case
-    from regressions.traps import TRAPS
+    from fmha.regressions.mutants import resolve
+    from fmha.regressions.trap import check_case
+    from fmha.regressions.traps import TRAPS
 
     def test_0_bad_kernel(device, request):
         mutant, trap = request.config.getoption("--bad-kernel").split("@")
@@ -22,11 +22,9 @@ SESSION = textwrap.dedent(f'''
 
     @pytest.mark.parametrize("n", range({LATER_TESTS}))
     def test_1_later_test(device, n):
-        assert not check_case(resolve("triton"), TRAPS["missing-scale"].cases[0], device)
+        assert not check_case(resolve("fmha"), TRAPS["missing-scale"].cases[0], device)
 ''')
 CONFTEST = textwrap.dedent('''
-    pytest_plugins = ["ci.plugin", "ci.gpu_runner"]
-
     def pytest_addoption(parser):
         parser.addoption("--bad-kernel")
 ''')

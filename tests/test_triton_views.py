@@ -1,10 +1,10 @@
 """K and V views that a TMA descriptor cannot describe as they are (a base off 16-byte
-alignment, a broadcast head dim of stride 0) still give fmha triton's answer: the host copies
+alignment, a broadcast head dim of stride 0) still give fmha.attention's answer: the host copies
 them first. Checked bitwise against the same values laid out contiguously."""
 
 import torch
 
-from fmha.triton_attention import attention
+from fmha import attention
 
 
 def _inputs(device, Hkv=2, S=40, D=64):

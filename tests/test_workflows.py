@@ -19,8 +19,8 @@ def _readme_commands() -> list[str]:
     """The quick start's commands and the nightly gate's first command, comments stripped."""
     blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     lines = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()]
-    return [line for line in lines if line in ("python -m ci.verify", "pytest -n auto")
-            or line.startswith("python -m ci.nightly --out")]
+    return [line for line in lines if line in ("python -m fmha.ci.verify", "pytest -n auto")
+            or line.startswith("python -m fmha.ci.nightly --out")]
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=[p.name for p in WORKFLOWS])
@@ -41,3 +41,10 @@ def test_the_workflows_run_the_readme_commands():
     runs += "\n" + (ROOT / ".ci" / "run").read_text()  # the CPU job runs .ci/run
     missing = [c for c in commands if c not in runs]
     assert not missing, f"README commands no workflow runs: {missing}"
+
+
+def test_the_readme_gives_the_command_the_install_test_runs():
+    """tests/test_install.py runs it from a directory holding only mykernel.py."""
+    from test_install import COMMAND
+
+    assert " ".join(COMMAND) in (ROOT / "README.md").read_text()

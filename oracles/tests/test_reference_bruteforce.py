@@ -4,24 +4,24 @@ import pytest
 import torch
 
 from fmha.problem import Problem
-from oracles import reference
-from oracles.inputs import make_inputs
-from oracles.tests import bruteforce
+from fmha.oracles import reference
+from fmha.oracles.sample import Sample
+from fmha.oracles.tests import bruteforce
 
 TINY = [
-    Problem(2, 3, 5, 4, 2, 4, head_dim_v=3, dtype=torch.float32),
-    Problem(2, 3, 5, 4, 2, 4, head_dim_v=3, dtype=torch.float32, causal=True),
-    Problem(1, 4, 6, 3, 1, 4, dtype=torch.float32, window=2, sink=True),
-    Problem(1, 5, 3, 2, 2, 4, dtype=torch.float32, causal=True, sink=True),  # T > S: empty rows
-    Problem(1, 5, 3, 2, 1, 4, dtype=torch.float32, causal=True),  # empty rows, no sink
-    Problem(1, 2, 4, 2, 1, 4, dtype=torch.float32, shared_kv=True, causal=True),
+    Problem(batch=2, q_len=3, kv_len=5, heads_q=4, heads_kv=2, head_dim=4, head_dim_v=3, dtype=torch.float32),
+    Problem(batch=2, q_len=3, kv_len=5, heads_q=4, heads_kv=2, head_dim=4, head_dim_v=3, dtype=torch.float32, causal=True),
+    Problem(batch=1, q_len=4, kv_len=6, heads_q=3, heads_kv=1, head_dim=4, dtype=torch.float32, window=2, sink=True),
+    Problem(batch=1, q_len=5, kv_len=3, heads_q=2, heads_kv=2, head_dim=4, dtype=torch.float32, causal=True, sink=True),  # T > S: empty rows
+    Problem(batch=1, q_len=5, kv_len=3, heads_q=2, heads_kv=1, head_dim=4, dtype=torch.float32, causal=True),  # empty rows, no sink
+    Problem(batch=1, q_len=2, kv_len=4, heads_q=2, heads_kv=1, head_dim=4, dtype=torch.float32, shared_kv=True, causal=True),
 ]
 
 
 @pytest.mark.parametrize("problem", TINY, ids=lambda p: p.id)
 @pytest.mark.parametrize("distribution", ["normal", "peaky", "large_logits"])
 def test_oracle_matches_scalar_loops(problem, distribution):
-    x = make_inputs(problem, distribution, seed=3)
+    x = Sample(problem=problem, distribution=distribution, seed=3).inputs()
     o, lse = reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
     sink = None if x.sink is None else x.sink.tolist()
     o_bf, lse_bf = bruteforce.attention(
@@ -33,8 +33,8 @@ def test_oracle_matches_scalar_loops(problem, distribution):
 
 
 def test_ksplit_attention_equals_attention():
-    problem = Problem(1, 4, 9, 4, 2, 16, dtype=torch.float32, window=5, sink=True)
-    x = make_inputs(problem, "split_halves_energy", seed=1)
+    problem = Problem(batch=1, q_len=4, kv_len=9, heads_q=4, heads_kv=2, head_dim=16, dtype=torch.float32, window=5, sink=True)
+    x = Sample(problem=problem, distribution="split_halves_energy", seed=1).inputs()
     kw = dict(causal=True, window=5, sink=x.sink)
     o, lse = reference.attention(x.q, x.k, x.v, **kw)
     for splits in (2, 4):
@@ -46,8 +46,8 @@ def test_ksplit_attention_equals_attention():
 def test_merging_per_half_softmaxes_is_not_ksplit_attention():
     """Seed 000 §2: k_sub halves are additive in logit space; the D5 merge of their
     softmaxes is a different function (this is what the logit-vs-weight-merge trap checks)."""
-    problem = Problem(1, 4, 9, 2, 2, 16, dtype=torch.float32)
-    x = make_inputs(problem, "split_halves_energy", seed=1)
+    problem = Problem(batch=1, q_len=4, kv_len=9, heads_q=2, heads_kv=2, head_dim=16, dtype=torch.float32)
+    x = Sample(problem=problem, distribution="split_halves_energy", seed=1).inputs()
     scale = 16 ** -0.5
     halves = [
         reference.attention(qh, kh, x.v, scale=scale)

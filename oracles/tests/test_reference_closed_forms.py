@@ -5,21 +5,21 @@ import math
 import torch
 
 from fmha.problem import Problem
-from oracles import reference
-from oracles.inputs import make_inputs
+from fmha.oracles import reference
+from fmha.oracles.sample import Sample
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 
 
 def _attend(problem, x, **changes):
-    kw = dict(scale=x.scale, causal=problem.causal, window=problem.window, sink=x.sink)
+    kw = x.kwargs()
     kw.update(changes)
     return reference.attention(x.q, x.k, x.v, **kw)
 
 
 def test_constant_scores_give_the_mean_of_the_visible_v_rows():
-    problem = Problem(1, 3, 7, 2, 1, 8, dtype=torch.float32, window=4)
-    x = make_inputs(problem, "constant_scores", seed=0)
+    problem = Problem(batch=1, q_len=3, kv_len=7, heads_q=2, heads_kv=1, head_dim=8, dtype=torch.float32, window=4)
+    x = Sample(problem=problem, distribution="constant_scores", seed=0).inputs()
     o, lse = _attend(problem, x)
     visible = reference.visibility_mask(3, 7, True, 4)
     for i in range(3):
@@ -31,8 +31,8 @@ def test_constant_scores_give_the_mean_of_the_visible_v_rows():
 
 
 def test_one_visible_key_gives_that_row():
-    problem = Problem(2, 4, 6, 4, 2, 8, dtype=torch.float32, window=1)
-    x = make_inputs(problem, "peaky", seed=1)
+    problem = Problem(batch=2, q_len=4, kv_len=6, heads_q=4, heads_kv=2, head_dim=8, dtype=torch.float32, window=1)
+    x = Sample(problem=problem, distribution="peaky", seed=1).inputs()
     o, _ = _attend(problem, x)
     for i in range(4):
         key = 6 - 4 + i  # bottom-right: the row's own position
@@ -40,8 +40,8 @@ def test_one_visible_key_gives_that_row():
 
 
 def test_sink_minus_infinity_equals_no_sink():
-    problem = Problem(1, 5, 9, 4, 1, 8, dtype=torch.float32, causal=True, sink=True)
-    x = make_inputs(problem, "normal", seed=2)
+    problem = Problem(batch=1, q_len=5, kv_len=9, heads_q=4, heads_kv=1, head_dim=8, dtype=torch.float32, causal=True, sink=True)
+    x = Sample(problem=problem, distribution="normal", seed=2).inputs()
     with_sink = _attend(problem, x, sink=torch.full((4,), -math.inf))
     without = _attend(problem, x, sink=None)
     for a, b in zip(with_sink, without):
@@ -49,8 +49,8 @@ def test_sink_minus_infinity_equals_no_sink():
 
 
 def test_window_at_least_s_equals_causal():
-    problem = Problem(1, 5, 9, 2, 2, 8, dtype=torch.float32, causal=True)
-    x = make_inputs(problem, "normal", seed=3)
+    problem = Problem(batch=1, q_len=5, kv_len=9, heads_q=2, heads_kv=2, head_dim=8, dtype=torch.float32, causal=True)
+    x = Sample(problem=problem, distribution="normal", seed=3).inputs()
     causal = _attend(problem, x)
     for window in (9, 10, 100):
         for a, b in zip(_attend(problem, x, window=window), causal):
@@ -58,8 +58,8 @@ def test_window_at_least_s_equals_causal():
 
 
 def test_rows_before_the_first_key_are_empty_when_t_exceeds_s():
-    problem = Problem(1, 7, 3, 2, 1, 8, dtype=torch.float32, causal=True)
-    x = make_inputs(problem, "normal", seed=4)
+    problem = Problem(batch=1, q_len=7, kv_len=3, heads_q=2, heads_kv=1, head_dim=8, dtype=torch.float32, causal=True)
+    x = Sample(problem=problem, distribution="normal", seed=4).inputs()
     o, lse = _attend(problem, x)
     empty = 7 - 3  # rows 0..3 sit at positions -4..-1
     assert torch.equal(o[:, :empty], torch.zeros_like(o[:, :empty]))
@@ -68,8 +68,8 @@ def test_rows_before_the_first_key_are_empty_when_t_exceeds_s():
 
 
 def test_empty_rows_with_a_sink_have_lse_equal_to_the_sink():
-    problem = Problem(1, 7, 3, 2, 1, 8, dtype=torch.float32, causal=True, sink=True)
-    x = make_inputs(problem, "normal", seed=4)
+    problem = Problem(batch=1, q_len=7, kv_len=3, heads_q=2, heads_kv=1, head_dim=8, dtype=torch.float32, causal=True, sink=True)
+    x = Sample(problem=problem, distribution="normal", seed=4).inputs()
     o, lse = _attend(problem, x)
     assert torch.equal(o[:, :4], torch.zeros_like(o[:, :4]))
     torch.testing.assert_close(lse[0, :, :4], x.sink.double()[:, None].expand(2, 4), **F64)

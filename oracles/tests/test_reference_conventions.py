@@ -6,15 +6,15 @@ import math
 import torch
 
 from fmha.problem import Problem
-from oracles import reference
-from oracles.inputs import make_inputs
+from fmha.oracles import reference
+from fmha.oracles.sample import Sample
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 
 
 def test_lse_is_the_natural_log_of_the_denominator_including_the_sink():
-    problem = Problem(1, 1, 2, 1, 1, 4, dtype=torch.float32, sink=True)
-    x = make_inputs(problem, "normal", seed=0)
+    problem = Problem(batch=1, q_len=1, kv_len=2, heads_q=1, heads_kv=1, head_dim=4, dtype=torch.float32, sink=True)
+    x = Sample(problem=problem, distribution="normal", seed=0).inputs()
     _, lse = reference.attention(x.q, x.k, x.v, sink=x.sink)
     s = (x.q[0, 0, 0].double() @ x.k[0, :, 0].double().T) / 2  # scale 4 ** -0.5
     expected = math.log(math.exp(s[0]) + math.exp(s[1]) + math.exp(float(x.sink[0])))
@@ -22,8 +22,8 @@ def test_lse_is_the_natural_log_of_the_denominator_including_the_sink():
 
 
 def test_o_is_reproducible_from_lse():
-    problem = Problem(2, 4, 11, 4, 2, 8, dtype=torch.float32, window=6, sink=True)
-    x = make_inputs(problem, "peaky", seed=1)
+    problem = Problem(batch=2, q_len=4, kv_len=11, heads_q=4, heads_kv=2, head_dim=8, dtype=torch.float32, window=6, sink=True)
+    x = Sample(problem=problem, distribution="peaky", seed=1).inputs()
     o, lse = reference.attention(x.q, x.k, x.v, window=6, sink=x.sink)
     scores = reference.logits(x.q, x.k)
     visible = reference.visibility_mask(4, 11, True, 6)
@@ -41,8 +41,8 @@ def _split_and_merge(x, problem, cut, sink):
 
 
 def test_merge_of_disjoint_key_sets_equals_attention_over_all_keys():
-    problem = Problem(1, 3, 10, 2, 1, 8, dtype=torch.float32, sink=True)
-    x = make_inputs(problem, "normal", seed=2)
+    problem = Problem(batch=1, q_len=3, kv_len=10, heads_q=2, heads_kv=1, head_dim=8, dtype=torch.float32, sink=True)
+    x = Sample(problem=problem, distribution="normal", seed=2).inputs()
     o, lse = reference.attention(x.q, x.k, x.v, sink=x.sink)
     for cut in (0, 1, 5, 10):  # 0 and 10 leave one part empty
         o_m, lse_m = _split_and_merge(x, problem, cut, x.sink)

@@ -7,24 +7,24 @@ import pytest
 import torch
 
 from fmha.problem import Problem
-from oracles import reference
-from oracles.check import POISON_BITS, poisoned, still_poisoned
-from oracles.inputs import make_inputs
-from oracles.metrics import measure
-from oracles.verdict import TOLERANCES, judge, two_sided
+from fmha.oracles import reference
+from fmha.oracles.check import POISON_BITS, poisoned, still_poisoned
+from fmha.oracles.sample import Sample
+from fmha.oracles.metrics import measure
+from fmha.oracles.verdict import TOLERANCES, judge, two_sided
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
 def _oracle(problem, distribution="normal", seed=0):
-    x = make_inputs(problem, distribution, seed)
+    x = Sample(problem=problem, distribution=distribution, seed=seed).inputs()
     o, lse = reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
     return x, o, lse
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_rounded_oracle_passes(dtype):
-    problem = Problem(2, 8, 64, 4, 2, 64, dtype=dtype, causal=True, sink=True)
+    problem = Problem(batch=2, q_len=8, kv_len=64, heads_q=4, heads_kv=2, head_dim=64, dtype=dtype, causal=True, sink=True)
     _, o, lse = _oracle(problem)
     verdict = judge(measure(o.to(dtype), o, lse.float(), lse))
     assert verdict.passed, verdict.message()
@@ -32,7 +32,7 @@ def test_the_rounded_oracle_passes(dtype):
 
 
 def test_normalize_twice_fails_on_magnitude_though_cosine_is_one():
-    problem = Problem(1, 4, 128, 2, 2, 64, causal=True)
+    problem = Problem(batch=1, q_len=4, kv_len=128, heads_q=2, heads_kv=2, head_dim=64, causal=True)
     _, o, lse = _oracle(problem, "constant_scores")
     row_sum = 128  # uniform P: every visible key weighs 1/row_sum; dividing again shrinks o
     verdict = judge(measure((o / row_sum).to(problem.dtype), o, lse.float(), lse))
@@ -44,7 +44,7 @@ def test_normalize_twice_fails_on_magnitude_though_cosine_is_one():
 
 
 def test_one_bad_row_fails_with_its_location():
-    problem = Problem(2, 16, 64, 4, 4, 64)
+    problem = Problem(batch=2, q_len=16, kv_len=64, heads_q=4, heads_kv=4, head_dim=64)
     _, o, lse = _oracle(problem)
     bad = o.clone()
     bad[1, 5, 2] = bad[1, 5, 2].flip(-1)  # one row of 128 permuted
@@ -54,7 +54,7 @@ def test_one_bad_row_fails_with_its_location():
 
 
 def test_base2_lse_fails_and_is_named():
-    problem = Problem(1, 4, 32, 2, 2, 64)
+    problem = Problem(batch=1, q_len=4, kv_len=32, heads_q=2, heads_kv=2, head_dim=64)
     _, o, lse = _oracle(problem)
     verdict = judge(measure(o.to(problem.dtype), o, (lse / math.log(2)).float(), lse))
     assert not verdict.passed
@@ -62,7 +62,7 @@ def test_base2_lse_fails_and_is_named():
 
 
 def test_missing_minus_infinity_in_lse_of_an_empty_row_fails():
-    problem = Problem(1, 6, 4, 2, 2, 64, causal=True)
+    problem = Problem(batch=1, q_len=6, kv_len=4, heads_q=2, heads_kv=2, head_dim=64, causal=True)
     _, o, lse = _oracle(problem)
     wrong = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)  # CPU flash's 0
     verdict = judge(measure(o.to(problem.dtype), o, wrong.float(), lse))
@@ -70,7 +70,7 @@ def test_missing_minus_infinity_in_lse_of_an_empty_row_fails():
 
 
 def test_nan_in_the_output_fails_with_count_and_place():
-    problem = Problem(1, 4, 32, 2, 2, 64)
+    problem = Problem(batch=1, q_len=4, kv_len=32, heads_q=2, heads_kv=2, head_dim=64)
     _, o, _ = _oracle(problem)
     bad = o.to(problem.dtype)
     bad[0, 3, 1, 7] = float("nan")
@@ -89,7 +89,7 @@ def test_poison_survives_copies_and_is_told_apart_from_computed_nan(dtype):
 
 
 def test_unwritten_rows_are_reported():
-    problem = Problem(1, 4, 32, 2, 2, 64)
+    problem = Problem(batch=1, q_len=4, kv_len=32, heads_q=2, heads_kv=2, head_dim=64)
     _, o, _ = _oracle(problem)
     out = poisoned(o.shape, problem.dtype, "cpu")
     out[:, :3] = o[:, :3].to(problem.dtype)  # the last query row never stored
@@ -99,7 +99,7 @@ def test_unwritten_rows_are_reported():
 
 def test_precision_loss_beyond_the_dtype_floor_fails():
     """bf16 P in an fp32 problem: cosine ~1 - 1e-6, far above fp32's floor."""
-    problem = Problem(1, 8, 128, 2, 2, 64, dtype=torch.float32)
+    problem = Problem(batch=1, q_len=8, kv_len=128, heads_q=2, heads_kv=2, head_dim=64, dtype=torch.float32)
     x, o, lse = _oracle(problem)
     s = reference.logits(x.q, x.k)
     p = torch.softmax(s, -1).to(torch.bfloat16).double()
@@ -121,13 +121,13 @@ def test_the_rms_checks_widen_for_a_tiny_output_only():
     """Every element one ulp off: for one 16-element row the RMS statistics are too noisy to
     call that a failure (the per-element checks still bound it); over 2048 elements it is
     a kernel systematically worse than rounding, and fails."""
-    tiny = Problem(1, 1, 10, 1, 1, 16)
+    tiny = Problem(batch=1, q_len=1, kv_len=10, heads_q=1, heads_kv=1, head_dim=16)
     _, o, lse = _oracle(tiny)
     verdict = judge(measure(_one_ulp_off(o), o))
     assert verdict.passed, verdict.message()
     assert verdict.metrics.error_ratio > 3  # would fail without the widening
 
-    large = Problem(1, 8, 64, 4, 1, 64)
+    large = Problem(batch=1, q_len=8, kv_len=64, heads_q=4, heads_kv=1, head_dim=64)
     _, o, lse = _oracle(large)
     verdict = judge(measure(_one_ulp_off(o), o))
     assert not verdict.passed and "rounding floor" in verdict.message(), verdict.message()
@@ -145,7 +145,7 @@ def test_two_kernel_outputs_get_both_allowances():
     """Two fp32 outputs 4 ulps either side of one answer are 8 ulps apart: beyond what one
     output may be from an exact reference, within what two rounded outputs may be from each
     other (two_sided); 12 ulps apart is beyond both."""
-    problem = Problem(1, 8, 64, 4, 1, 64, dtype=torch.float32)
+    problem = Problem(batch=1, q_len=8, kv_len=64, heads_q=4, heads_kv=1, head_dim=64, dtype=torch.float32)
     _, o, _ = _oracle(problem)
     reference_o = o.float().double()
     one_sided, both = TOLERANCES[torch.float32], two_sided(TOLERANCES[torch.float32])
@@ -202,12 +202,12 @@ def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
     rounded, failed that floor; with the procedure's own error in the floor (perfect_o) they
     pass, and a part weighted twice (its lse off by ln 2) still fails."""
     bf16 = torch.bfloat16
-    problem = Problem(1, 1, 17, 1, 1, 16, dtype=bf16)
-    x = make_inputs(problem, "iota_v", 31)
+    problem = Problem(batch=1, q_len=1, kv_len=17, heads_q=1, heads_kv=1, head_dim=16, dtype=bf16)
+    x = Sample(problem=problem, distribution="iota_v", seed=31).inputs()
     parts = [reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi]) for lo, hi in ((0, 13), (13, 17))]
     rounded = [(o.to(bf16), lse) for o, lse in parts]
     O = reference.attention(x.q, x.k, x.v)[0]
-    A = reference.magnitudes(x.q, x.k, x.v)
+    A = reference.oracle(x.q, x.k, x.v).o_abs
     perfect = reference.merge(rounded)[0]
     merged = perfect.to(bf16)  # what a merge kernel returns
     assert not judge(measure(merged, O, oracle_abs=A)).passed

@@ -7,8 +7,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from regressions.mutation import Mutant
-from regressions.trap import Trap
+from fmha.regressions.mutation import Mutant
+from fmha.regressions.trap import Trap
 
 
 def _modules():

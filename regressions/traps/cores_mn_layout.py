@@ -4,8 +4,8 @@ through the wrong core-matrix indexing: garbage P.V. The mutant reads V transpos
 each 8 x 8 core matrix (key and head-dim index swapped within a core)."""
 
 from fmha.problem import Problem
-from regressions.mutation import Mutant, patched_triton_kernel
-from regressions.trap import Trap, reproducer
+from fmha.regressions.mutation import Mutant, patched_triton_kernel
+from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="cores-mn-layout",
@@ -13,8 +13,10 @@ TRAP = Trap(
     symptom="P.V is garbage (cosine far below 1) while QK^T and the softmax are right",
     root_cause="the canonical layout of V used the wrong number of core matrices along MN (16 instead of 2)",
     cases=(
-        reproducer(Problem(1, 1, 64, 4, 1, 64), "iota_v", why="v[s, d] = s + d/Dv: a permuted read shows as a wrong ramp"),
-        reproducer(Problem(1, 16, 128, 2, 2, 128), why="prefill, two KV tiles"),
+        reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=64),
+                   "iota_v", why="v[s, d] = s + d/Dv: a permuted read shows as a wrong ramp"),
+        reproducer(Problem(batch=1, q_len=16, kv_len=128, heads_q=2, heads_kv=2, head_dim=128),
+                   why="prefill, two KV tiles"),
     ),
 )
 

@@ -1,11 +1,11 @@
-"""even-odd-columns (seed 003, not in the DESIGN.md table): "offset descriptors DON'T WORK
+"""even-odd-columns (seed 003, not in the trap table of docs/contract.md): "offset descriptors DON'T WORK
 for (128,64) SMEM with K-tile offsets. Even/odd column corruption." An MMA descriptor offset
 into the staged K tile read adjacent head-dim columns swapped in every K-tile after the
 first. The mutant swaps each even/odd pair of K's head dims from dim 64 on."""
 
 from fmha.problem import Problem
-from regressions.mutation import Mutant, patched_triton_kernel
-from regressions.trap import Trap, reproducer
+from fmha.regressions.mutation import Mutant, patched_triton_kernel
+from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="even-odd-columns",
@@ -14,8 +14,10 @@ TRAP = Trap(
     symptom="correct at head dim 64, wrong above it (the first K-tile is right)",
     root_cause="a shared-memory descriptor offset for K-tiles after the first swapped even and odd head-dim columns",
     cases=(
-        reproducer(Problem(1, 1, 64, 4, 1, 128), why="the second half of the head dim is a later K-tile"),
-        reproducer(Problem(1, 8, 64, 2, 1, 256), "peaky", why="several K-tiles, peaky scores"),
+        reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=128),
+                   why="the second half of the head dim is a later K-tile"),
+        reproducer(Problem(batch=1, q_len=8, kv_len=64, heads_q=2, heads_kv=1, head_dim=256),
+                   "peaky", why="several K-tiles, peaky scores"),
     ),
 )
 

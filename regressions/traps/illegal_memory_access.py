@@ -1,4 +1,4 @@
-"""illegal-memory-access (seed 003, not in the DESIGN.md table): "tcgen05.mma TS crashed
+"""illegal-memory-access (seed 003, not in the trap table of docs/contract.md): "tcgen05.mma TS crashed
 with illegal memory access -- likely TMEM A operand addressing". The P.V operand was
 addressed wrong. Our K and V come through TMA descriptors, which zero-fill what lies out
 of bounds instead of faulting, so the mutant addresses the one operand still loaded through
@@ -7,8 +7,8 @@ the CUDA context for every later call in the process; through the CPU interprete
 segmentation fault. Either way the framework must report it against this case and go on."""
 
 from fmha.problem import Problem
-from regressions.mutation import Mutant, patched_triton_kernel
-from regressions.trap import Trap, reproducer
+from fmha.regressions.mutation import Mutant, patched_triton_kernel
+from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="illegal-memory-access",
@@ -16,7 +16,8 @@ TRAP = Trap(
     source="seed 003, 'Next steps': tcgen05.mma TS crashed with illegal memory access",
     symptom="CUDA error: an illegal memory access was encountered (a segmentation fault when interpreted)",
     root_cause="the P.V operand's address was computed wrong and the load was not masked",
-    cases=(reproducer(Problem(1, 16, 64, 2, 1, 64), why="any launch that reaches P.V"),),
+    cases=(reproducer(Problem(batch=1, q_len=16, kv_len=64, heads_q=2, heads_kv=1, head_dim=64),
+                      why="any launch that reaches P.V"),),
 )
 
 MUTANTS = (

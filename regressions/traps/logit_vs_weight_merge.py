@@ -9,9 +9,9 @@ import torch
 
 from fmha.merge_torch import merge
 from fmha.problem import Problem
-from fmha.triton_attention import ENTRY, attention
-from regressions.mutation import Mutant, wrapped_kernel
-from regressions.trap import Trap, reproducer
+from fmha.dispatch import CAPABILITIES, attention
+from fmha.regressions.mutation import Mutant, wrapped_kernel
+from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="logit-vs-weight-merge",
@@ -19,9 +19,11 @@ TRAP = Trap(
     symptom="hd 512 outputs are visibly wrong whenever the head-dim halves disagree about which keys matter",
     root_cause="the two head-dim halves of QK^T were attended separately and merged with the LSE (weight-space) formula",
     cases=(
-        reproducer(Problem(1, 1, 64, 8, 1, 512, shared_kv=True), "split_halves_energy",
+        reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=8, heads_kv=1, head_dim=512, shared_kv=True),
+                   "split_halves_energy",
                    why="DSV4-like decode; the halves carry different logit patterns"),
-        reproducer(Problem(1, 16, 48, 2, 1, 512, causal=True), why="prefill, N(0,1)"),
+        reproducer(Problem(batch=1, q_len=16, kv_len=48, heads_q=2, heads_kv=1, head_dim=512, causal=True),
+                   why="prefill, N(0,1)"),
     ),
 )
 
@@ -43,6 +45,6 @@ MUTANTS = (
         "logit-vs-weight-merge", TRAP.id,
         "attends the two head-dim halves separately and merges them with the D5 formula",
         lambda: wrapped_kernel("logit-vs-weight-merge", _merge_k_sub_halves, dataclasses.replace(
-            ENTRY.capabilities, head_dims=(512,), notes={"head_dim": "the k_sub split exists at head dim 512"})),
+            CAPABILITIES, head_dims=(512,), notes={"head_dim": "the k_sub split exists at head dim 512"})),
     ),
 )

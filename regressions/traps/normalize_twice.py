@@ -4,8 +4,8 @@ data over 128 keys. Every row still points the right way, so cosine alone is bli
 the magnitude check is not."""
 
 from fmha.problem import Problem
-from regressions.mutation import Mutant, patched_triton_kernel
-from regressions.trap import Trap, reproducer
+from fmha.regressions.mutation import Mutant, patched_triton_kernel
+from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="normalize-twice",
@@ -13,8 +13,10 @@ TRAP = Trap(
     symptom="the output is row_sum times too small (128x on uniform scores over 128 keys); cosine is still ~1",
     root_cause="the epilogue divides by the softmax row sum although P was already normalised",
     cases=(
-        reproducer(Problem(1, 1, 128, 4, 1, 64), "constant_scores", why="uniform weights: row sum = 128"),
-        reproducer(Problem(1, 32, 64, 2, 2, 128, causal=True), why="prefill; rows sum different numbers of keys"),
+        reproducer(Problem(batch=1, q_len=1, kv_len=128, heads_q=4, heads_kv=1, head_dim=64),
+                   "constant_scores", why="uniform weights: row sum = 128"),
+        reproducer(Problem(batch=1, q_len=32, kv_len=64, heads_q=2, heads_kv=2, head_dim=128, causal=True),
+                   why="prefill; rows sum different numbers of keys"),
     ),
 )
 

@@ -3,8 +3,8 @@ dims (seed 000), and a K staging routine read the source with stride 16 where K'
 was 64 (seed 003): the dot products were partial, the scores wrong."""
 
 from fmha.problem import Problem
-from regressions.mutation import Mutant, patched_triton_kernel
-from regressions.trap import Trap, reproducer
+from fmha.regressions.mutation import Mutant, patched_triton_kernel
+from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="partial-head-dim",
@@ -12,8 +12,10 @@ TRAP = Trap(
     symptom="correct at head dim 64, wrong above it; with energy only in the upper head dims the scores are all zero",
     root_cause="QK^T summed over the first 64 head dims only",
     cases=(
-        reproducer(Problem(1, 1, 64, 4, 1, 128), "upper_half_energy", why="all the logit signal sits in dims 64-127"),
-        reproducer(Problem(1, 1, 64, 8, 1, 512, shared_kv=True), "upper_half_energy", why="DSV4-like decode"),
+        reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=128),
+                   "upper_half_energy", why="all the logit signal sits in dims 64-127"),
+        reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=8, heads_kv=1, head_dim=512, shared_kv=True),
+                   "upper_half_energy", why="DSV4-like decode"),
     ),
 )
 

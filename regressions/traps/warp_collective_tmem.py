@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from fmha.problem import Problem
-from fmha.triton_attention import attention
-from regressions.mutation import Mutant, patched_triton_kernel, wrapped_kernel
-from regressions.trap import Trap, reproducer
+from fmha.dispatch import attention
+from fmha.regressions.mutation import Mutant, patched_triton_kernel, wrapped_kernel
+from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="warp-collective-tmem",
@@ -24,8 +24,10 @@ TRAP = Trap(
     symptom="the kernel hangs, or half of each output row is never written",
     root_cause="a warp-collective TMEM load/store executed by 16 of 32 lanes (loop over 16 columns with a 32-lane stride)",
     cases=(
-        reproducer(Problem(1, 4, 64, 2, 2, 64), why="one KV tile, every output column checked against poison"),
-        reproducer(Problem(1, 1, 128, 8, 1, 128, shared_kv=True), why="decode, MQA with K = V"),
+        reproducer(Problem(batch=1, q_len=4, kv_len=64, heads_q=2, heads_kv=2, head_dim=64),
+                   why="one KV tile, every output column checked against poison"),
+        reproducer(Problem(batch=1, q_len=1, kv_len=128, heads_q=8, heads_kv=1, head_dim=128, shared_kv=True),
+                   why="decode, MQA with K = V"),
     ),
 )
 

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from fmha.problem import Problem
-from properties.strategies import Case
-from regressions.cli import main
-from regressions.mutants import resolve
-from regressions.trap import check_case
+from fmha.oracles.sample import Sample
+from fmha.regressions.cli import main
+from fmha.regressions.mutants import resolve
+from fmha.regressions.trap import check_case
 
-PRINTED = ("pin it: @example(case=Case(problem=Problem(batch=1, q_len=3, kv_len=17, heads_q=4, heads_kv=2, "
-           "head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window=5, sink=True, shared_kv=False), "
-           "distribution='peaky', seed=12, storage='sliced'))")
+PRINTED = ("pin it: @example(sample=Sample(problem=Problem(batch=1, q_len=3, kv_len=17, heads_q=4, heads_kv=2, "
+           "head_dim=32, dtype=torch.float16, window=5, sink=True), distribution='peaky', seed=12, "
+           "k_storage='sliced', v_storage='sliced'))")
 
 
 def _load(path):
@@ -34,10 +34,11 @@ def test_the_printed_reproducer_becomes_a_trap_that_runs(tmp_path, device):
     assert _new(tmp_path) == 0
     module = _load(tmp_path / "window_edge.py")
     case = module.TRAP.cases[0]
-    assert case.case == Case(Problem(1, 3, 17, 4, 2, 32, dtype=torch.float16, causal=True, window=5, sink=True),
-                             "peaky", 12, "sliced")
+    assert case == Sample(problem=Problem(batch=1, q_len=3, kv_len=17, heads_q=4, heads_kv=2, head_dim=32,
+                                          dtype=torch.float16, window=5, sink=True),
+                          distribution="peaky", seed=12, k_storage="sliced", v_storage="sliced")
     assert module.MUTANTS == ()  # the kill-matrix test fails until a mutant proves the case
-    assert check_case(resolve("triton"), case, device) == []
+    assert check_case(resolve("fmha"), case, device) == []
 
 
 def test_a_mutant_given_by_import_path_is_wired_in(tmp_path):
@@ -45,13 +46,15 @@ def test_a_mutant_given_by_import_path_is_wired_in(tmp_path):
     module = _load(tmp_path / "window_edge.py")
     (mutant,) = module.MUTANTS
     assert mutant.trap == "window-edge" and mutant.kernel().name == "mutant:missing-scale"
-    assert module.TRAP.cases[0].why == "window 5 of 17 keys"
+    assert module.TRAP.cases[0].name == "window 5 of 17 keys"
 
 
 @pytest.mark.parametrize("args, message", [
-    (["new", "Bad_Id", "--reproducer", "Problem(1, 1, 1, 1, 1, 16)"], "id: expected kebab-case"),
-    (["new", "ok-id", "--reproducer", "Problem(batch=1"], "reproducer: expected 'Case(problem=Problem(...), ...)'"),
-    (["new", "ok-id", "--reproducer", "42"], "reproducer: expected a Case or a Problem, got int"),
+    (["new", "Bad_Id", "--reproducer", "Problem(batch=1, q_len=1, kv_len=1, heads_q=1, heads_kv=1, head_dim=16)"],
+     "id: expected kebab-case"),
+    (["new", "ok-id", "--reproducer", "Problem(batch=1"], "reproducer: expected 'Sample(problem=Problem(...), ...)'"),
+    (["new", "ok-id", "--reproducer", "Problem(1, 1, 1, 1, 1, 16)"], "takes 1 positional argument"),
+    (["new", "ok-id", "--reproducer", "42"], "reproducer: expected a Sample or a Problem, got int"),
 ])
 def test_bad_input_is_refused_naming_the_argument(tmp_path, capsys, args, message):
     argv = args + ["--seeds", "x", "--symptom", "x", "--root-cause", "x", "--dir", str(tmp_path)]

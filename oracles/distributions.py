@@ -1,33 +1,17 @@
-"""Deterministic inputs for a Problem, in each distribution DESIGN.md asks the tests to cover.
+"""The input distributions the tests cover (docs/contract.md, "Input distributions"), one
+small function each.
 
-Each distribution is a small function that shapes float32 tensors drawn from one seeded
-generator on the CPU; the result is cast to the problem's dtype and moved to the device, so
-the same (problem, distribution, seed) gives the same bits on every machine.
+Each takes a seeded CPU generator and float32 q, k, v drawn N(0, 1) in the contract's
+layout, and returns reshaped ones; fmha.oracles.sample casts them to the problem's dtype,
+lays them out in the sample's storage and moves them to the device, so the same sample gives
+the same bits on every machine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
-from fmha.problem import Problem
-
-
-@dataclass
-class Inputs:
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    sink: torch.Tensor | None
-    scale: float | None = None
-
-    def kwargs(self, problem: Problem) -> dict:
-        """Keyword arguments of the contract call for this problem."""
-        return dict(
-            scale=self.scale, causal=problem.causal, window=problem.window, sink=self.sink
-        )
 
 
 def _normal(g, *shape):
@@ -122,24 +106,3 @@ DISTRIBUTIONS: dict[str, Callable] = {
         iota_v, upper_half_energy, split_halves_energy, large_v,
     )
 }
-
-
-def make_inputs(problem: Problem, distribution: str = "normal", seed: int = 0, device="cpu") -> Inputs:
-    g = torch.Generator().manual_seed(seed)
-    B, T, S = problem.batch, problem.q_len, problem.kv_len
-    q = _normal(g, B, T, problem.heads_q, problem.head_dim)
-    k = _normal(g, B, S, problem.heads_kv, problem.head_dim)
-    v = k if problem.shared_kv else _normal(g, B, S, problem.heads_kv, problem.head_dim_v)
-    q, k, v = DISTRIBUTIONS[distribution](g, q, k, v)
-    if problem.shared_kv:
-        v = k  # a distribution that reshapes one of them reshapes both
-    elif distribution == "large_v" and problem.dtype == torch.float16:
-        v = v / 3  # stay inside fp16's range (max 65504)
-    sink = (torch.rand(problem.heads_q, generator=g) * 5 - 2) if problem.sink else None
-    cast = dict(dtype=problem.dtype, device=device)
-    q = q.to(**cast)
-    k = k.to(**cast)
-    v = k if problem.shared_kv else v.to(**cast)
-    if sink is not None:
-        sink = sink.to(device=device)
-    return Inputs(q=q, k=k, v=v, sink=sink)

@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
-from regressions.isolation import CASE_TIMEOUT_S
-from regressions.kill_matrix import case_failures
-from regressions.mutation import MutationError, patch_source
-from regressions.traps import MUTANTS, TRAPS
-from regressions.traps.warp_collective_tmem import _collective_epilogue
+from fmha.regressions.isolation import CASE_TIMEOUT_S
+from fmha.regressions.kill_matrix import case_failures
+from fmha.regressions.mutation import MutationError, patch_source
+from fmha.regressions.traps import MUTANTS, TRAPS
+from fmha.regressions.traps.warp_collective_tmem import _collective_epilogue
 
 pytestmark = pytest.mark.regression
 

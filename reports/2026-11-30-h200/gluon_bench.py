@@ -1,7 +1,7 @@
 """Times the Gluon DSV4 decode prototypes in this folder against fmha's Triton kernel, with
 cosine against float64, on a Hopper GPU:
 
-    PYTHONPATH=$PWD python ci/reports/2026-11-30-h200/gluon_bench.py
+    PYTHONPATH=$PWD python reports/2026-11-30-h200/gluon_bench.py
 
 Prints one line per kernel and configuration (and writes $OUT/gluon.txt when OUT is set)."""
 import importlib.util

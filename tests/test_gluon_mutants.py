@@ -6,16 +6,16 @@ import torch
 
 from fmha import gluon_attention
 from fmha.registry import resolve_kernel
-from regressions.gluon_mutants import CASES, MUTANTS
-from regressions.trap import check_case
-from regressions.traps import TRAPS
+from fmha.regressions.gluon_mutants import CASES, MUTANTS
+from fmha.regressions.trap import check_case
+from fmha.regressions.traps import TRAPS
 
 pytestmark = pytest.mark.regression
 
 
 @pytest.fixture
 def hopper(device):
-    reasons = gluon_attention.not_used_reasons(CASES[0].problem, torch.device(device))
+    reasons = gluon_attention.IMPLEMENTATION.not_supported_reasons(CASES[0].problem, torch.device(device))
     if reasons:
         pytest.skip(f"the Gluon kernel does not run here: {'; '.join(reasons)}")
     return device
@@ -31,7 +31,7 @@ def test_gluon_mutant_builds_and_names_a_trap(mutant):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_fmha_passes_the_gluon_reproducers(case, hopper):
-    assert check_case(resolve_kernel("triton"), case, hopper) == []
+    assert check_case(resolve_kernel("fmha"), case, hopper) == []
 
 
 @pytest.mark.gpu

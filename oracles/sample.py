@@ -1,0 +1,145 @@
+"""One sample: everything that decides one call of a kernel (PyTorch OpInfo's SampleInput).
+
+A `Sample` is a problem plus the scale, the input distribution, the seed and the storage of
+each of q, k and v. It is plain data (frozen, hashable, printed as a line to paste into
+`@example(sample=...)` or a trap), and `sample.inputs(device)` makes its tensors, the same
+bits on every machine: values are drawn in float32 from one seeded CPU generator, shaped by
+the distribution, cast to the problem's dtype and laid out in the sample's storage.
+
+Storages (each of q, k, v on its own; with K is V, v is k):
+- contiguous: a dense tensor;
+- strided: a view with a gap between heads (the gap holds NaN);
+- sliced: the first T (q) or S (k, v) rows of a longer buffer whose tail holds NaN;
+- expanded: every head is head 0, broadcast with stride 0 (values change accordingly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from fmha.oracles.distributions import DISTRIBUTIONS
+from fmha.problem import Problem, _fields_repr
+
+STORAGES = ("contiguous", "strided", "sliced", "expanded")
+SLICE_TAIL = 67  # rows past the view in a sliced buffer: not a multiple of any tile
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    problem: Problem
+    scale: float | None = None  # None: the contract's default, head_dim ** -0.5
+    distribution: str = "normal"
+    seed: int = 0
+    q_storage: str = "contiguous"
+    k_storage: str = "contiguous"
+    v_storage: str = "contiguous"  # with K is V, always k_storage
+    name: str = field(default="", compare=False)  # what about this sample matters (trap cases)
+
+    def __post_init__(self):
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution: expected one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}")
+        for which in ("q", "k", "v"):
+            storage = getattr(self, f"{which}_storage")
+            if storage not in STORAGES:
+                raise ValueError(f"{which}_storage: expected one of {', '.join(STORAGES)}, got {storage!r}")
+        if self.problem.shared_kv:
+            object.__setattr__(self, "v_storage", self.k_storage)
+
+    @property
+    def storages(self) -> dict[str, str]:
+        return {"q": self.q_storage, "k": self.k_storage, "v": self.v_storage}
+
+    @property
+    def id(self) -> str:
+        """The problem's id, the distribution, and what differs from the defaults:
+        ``hd64-T1-S128-mqa-h4-bf16-constant_scores-seed3-scale0.3-k.sliced``."""
+        parts = [self.problem.id, self.distribution]
+        if self.seed:
+            parts.append(f"seed{self.seed}")
+        if self.scale is not None:
+            parts.append(f"scale{self.scale:.4g}")
+        parts += [f"{which}.{storage}" for which, storage in self.storages.items()
+                  if storage != "contiguous" and not (which == "v" and self.problem.shared_kv)]
+        return "-".join(parts)
+
+    def replace(self, **changes) -> Sample:
+        """A copy with `changes`; Problem fields (causal=..., dtype=...) change the problem."""
+        problem_fields = {f.name for f in dataclasses.fields(Problem)}
+        problem_changes = {k: changes.pop(k) for k in list(changes) if k in problem_fields}
+        if problem_changes:
+            changes["problem"] = changes.get("problem", self.problem).replace(**problem_changes)
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        return f"Sample({_fields_repr(self, name='')})"
+
+    def inputs(self, device="cpu", tail_fill: float = float("nan")) -> Inputs:
+        """The sample's tensors on `device`; `tail_fill` is what sliced and strided storage
+        hides outside the view."""
+        p = self.problem
+        g = torch.Generator().manual_seed(self.seed)
+        q = torch.randn(p.batch, p.q_len, p.heads_q, p.head_dim, generator=g)
+        k = torch.randn(p.batch, p.kv_len, p.heads_kv, p.head_dim, generator=g)
+        v = k if p.shared_kv else torch.randn(p.batch, p.kv_len, p.heads_kv, p.head_dim_v, generator=g)
+        q, k, v = DISTRIBUTIONS[self.distribution](g, q, k, v)
+        if p.shared_kv:
+            v = k  # a distribution that reshapes one of them reshapes both
+        elif self.distribution == "large_v" and p.dtype == torch.float16:
+            v = v / 3  # stay inside fp16's range (max 65504)
+        sink = (torch.rand(p.heads_q, generator=g) * 5 - 2).to(device) if p.sink else None
+        cast = dict(dtype=p.dtype, device=device)
+        q = lay_out(q.to(**cast), self.q_storage, tail_fill)
+        k = lay_out(k.to(**cast), self.k_storage, tail_fill)
+        v = k if p.shared_kv else lay_out(v.to(**cast), self.v_storage, tail_fill)
+        return Inputs(self, q, k, v, sink)
+
+
+def lay_out(t: torch.Tensor, storage: str, fill: float = float("nan"), hidden: int = 0) -> torch.Tensor:
+    """`t` (B, L, H, D) in `storage`. For sliced, `hidden` leading rows hold `fill` too (keys
+    no query row can see, in the leak law)."""
+    B, L, H, D = t.shape
+    if storage == "contiguous":
+        return t
+    if storage == "strided":
+        wide = torch.full((B, L, 2 * H, D), fill, dtype=t.dtype, device=t.device)
+        wide[:, :, ::2] = t
+        return wide[:, :, ::2]
+    if storage == "sliced":
+        long = torch.full((B, L + SLICE_TAIL, H, D), fill, dtype=t.dtype, device=t.device)
+        long[:, hidden:L] = t[:, hidden:]
+        return long[:, :L]
+    if storage == "expanded":
+        return t[:, :, :1].expand(B, L, H, D)
+    raise ValueError(f"storage: expected one of {', '.join(STORAGES)}, got {storage!r}")
+
+
+@dataclass
+class Inputs:
+    """A sample's tensors: the positional arguments of the contract call, and the sink."""
+
+    sample: Sample
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    sink: torch.Tensor | None
+
+    @property
+    def problem(self) -> Problem:
+        return self.sample.problem
+
+    def kwargs(self, **changes) -> dict:
+        """The contract call's keyword arguments for this sample, with `changes`."""
+        p = self.problem
+        return {**dict(scale=self.sample.scale, causal=p.causal, window=p.window, sink=self.sink), **changes}
+
+    def with_tensors(self, **tensors) -> Inputs:
+        """The same sample with other q, k, v (or sink) tensors."""
+        return dataclasses.replace(self, **tensors)
+
+    def contiguous(self) -> Inputs:
+        """The same values in dense storage (K is V kept)."""
+        k = self.k.contiguous()
+        return self.with_tensors(q=self.q.contiguous(), k=k, v=k if self.v is self.k else self.v.contiguous())

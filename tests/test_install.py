@@ -1,0 +1,143 @@
+"""fmha as a kernel author meets it: built into a wheel, installed into a fresh virtual
+environment, and run with the README's command from a directory that holds only their
+kernel. A failure's printed reproduce command reproduces it from that directory.
+
+The one shortcut: the new environment takes torch, triton, hypothesis and pytest from this
+one (a directory of links to them, never to this checkout's own editable fmha), because
+downloading torch again would take minutes.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGED = ["fmha", "oracles", "properties", "regressions", "ci", "pyproject.toml", "README.md"]
+
+# A plain eager kernel with one bug: it ignores `scale` (always D ** -0.5).
+MYKERNEL = textwrap.dedent('''
+    import math
+    import torch
+
+    def fwd(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        B, T, H, D = q.shape
+        S, group = k.shape[1], H // k.shape[2]
+        keys = k.double().repeat_interleave(group, 2)
+        values = v.double().repeat_interleave(group, 2)
+        s = torch.einsum("bthd,bshd->bhts", q.double(), keys) * D ** -0.5
+        row = torch.arange(T)[:, None] + S - T
+        col = torch.arange(S)[None, :]
+        visible = torch.ones(T, S, dtype=torch.bool)
+        if causal or window:
+            visible &= col <= row
+        if window:
+            visible &= col > row - window
+        s = s.masked_fill(~visible, -math.inf)
+        if sink is not None:
+            s = torch.cat([s, sink.double().view(1, -1, 1, 1).expand(B, H, T, 1)], dim=-1)
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse.nan_to_num(neginf=0.0)[..., None])[..., :S]
+        o = torch.einsum("bhts,bshd->bthd", p, values).to(q.dtype)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return o, lse.float()
+''')
+
+# The README's command for a kernel of one's own (tests/test_workflows.py checks the README has it).
+COMMAND = ["pytest", "--pyargs", "fmha", "--fmha-kernel", "mykernel:fwd"]
+
+
+def _run(args, cwd, env, timeout=600):
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(environment for subprocesses, the fresh venv's bin directory, the user's directory)."""
+    root = tmp_path_factory.mktemp("install")
+    source = root / "source"  # a copy: building in place would leave build/ in the checkout
+    source.mkdir()
+    for name in PACKAGED:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(path, source / name)
+    wheels = root / "wheels"
+    build = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+                  str(source)], root, os.environ)
+    assert build.returncode == 0, build.stdout + build.stderr
+    (wheel,) = wheels.glob("fmha-*.whl")
+
+    env_dir = root / "venv"
+    venv.create(env_dir, with_pip=True)
+    bin_dir = env_dir / "bin"
+    site = Path(_run([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     root, os.environ).stdout.strip())
+    deps = root / "deps"
+    deps.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("fmha", "__editable__")) and entry.suffix != ".pth":
+            (deps / entry.name).symlink_to(entry)
+    (site / "dependencies.pth").write_text(f"{deps}\n")
+    # The console script pip would write for pytest: its directory, not the user's, on sys.path.
+    script = bin_dir / "pytest"
+    script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n")
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", CI="true")
+    install = _run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                   root, env)
+    assert install.returncode == 0, install.stdout + install.stderr
+
+    user = root / "user"
+    user.mkdir()
+    (user / "mykernel.py").write_text(MYKERNEL)
+    return env, bin_dir, user
+
+
+def test_the_wheel_installs_nothing_but_the_fmha_package(installed):
+    env, bin_dir, user = installed
+    show = _run([str(bin_dir / "python"), "-m", "pip", "show", "-f", "fmha"], user, env)
+    assert show.returncode == 0, show.stdout + show.stderr
+    files = [line.strip() for line in show.stdout.split("Files:")[1].splitlines() if line.strip()]
+    top_level = {f.split("/")[0] for f in files}
+    assert top_level == {"fmha", "fmha-0.1.0.dist-info"}, sorted(top_level)
+    assert {"fmha/oracles/reference.py", "fmha/properties/laws.py", "fmha/regressions/traps/__init__.py",
+            "fmha/ci/plugin.py"} <= set(files)
+
+
+def test_the_readme_command_collects_properties_and_regressions_for_the_users_kernel(installed):
+    env, _, user = installed
+    collected = _run(COMMAND + ["--collect-only", "-q", "-p", "no:cacheprovider"], user, env)
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    ids = collected.stdout
+    for test in ("properties/test_laws.py::test_agrees_with_the_oracle[mykernel:fwd]",
+                 "properties/test_grid.py::test_grid_config_matches_oracle[mykernel:fwd-",
+                 "regressions/test_traps.py::test_named_regression_case[mykernel:fwd-"):
+        assert test in ids, f"{test} not collected:\n{ids[-3000:]}"
+    assert sorted(p.name for p in user.iterdir()) == ["mykernel.py"]
+
+
+def test_a_failure_prints_a_command_that_reproduces_it_from_the_users_directory(installed):
+    env, _, user = installed
+    run = _run(COMMAND + ["-p", "no:cacheprovider", "-x", "-k", "test_kernel_matches_oracle and scale0.3 and bf16"],
+               user, env)
+    output = run.stdout
+    assert run.returncode == 1, output[-3000:] + run.stderr[-3000:]
+    assert "the scale argument ignored" in output, output[-3000:]
+    found = re.search(r"^(pytest .*--fmha-kernel mykernel:fwd.*)$", output, re.M)
+    assert found, f"no reproduce command in the output:\n{output[-3000:]}"
+    again = _run(shlex.split(found.group(1)) + ["-p", "no:cacheprovider"], user, env)
+    assert again.returncode == 1 and "the scale argument ignored" in again.stdout, again.stdout[-3000:]
+    assert re.search(r"\b1 failed\b", again.stdout), again.stdout[-1000:]

@@ -1,0 +1,44 @@
+"""`python -m fmha.ci.verify`, the README's main job, on a kernel that raises on some cases:
+the run completes the table, marks those cases with the error, groups identical findings,
+prints the kernel's skip reasons, writes --json and exits 1."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+RAISING = textwrap.dedent('''
+    from fmha.registry import KERNELS
+
+    _math = KERNELS["sdpa-math"]
+
+    def fwd(q, k, v, **kwargs):
+        if q.shape[-1] == 256:
+            raise RuntimeError("no kernel for head dim 256 yet")
+        return _math(q, k, v, **kwargs)
+
+    fwd.capabilities = _math.capabilities  # no sink, no lse, no out: skips with SDPA's reasons
+''')
+
+
+def test_a_kernel_that_raises_costs_its_cases_and_the_run_goes_on(tmp_path):
+    (tmp_path / "raising_kernels.py").write_text(RAISING)
+    report = tmp_path / "verify.json"
+    run = subprocess.run([sys.executable, "-m", "fmha.ci.verify", "--fmha-kernel", "raising_kernels:fwd",
+                          "--fmha-device", "cpu", "--law-examples", "1", "--json", str(report)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads(report.read_text())["results"]
+    agreement = [r for r in results if r["part"] == "agreement"]
+    assert len(agreement) == 12 * 3 * 11  # every feature case x dtype x distribution has a row
+    raised = {r["what"] for r in agreement if r["outcome"] == "raised"}
+    assert raised and all(what.startswith("hd256-") for what in raised), sorted(raised)[:5]
+    assert {r["outcome"] for r in agreement if not r["what"].startswith("hd256-")} <= {"passed", "skipped"}
+    assert all("RuntimeError: no kernel for head dim 256 yet" in r["message"] for r in agreement
+               if r["outcome"] == "raised")
+    out = run.stdout
+    # one finding for all of them, not one per case
+    assert out.count(f"agreement: {len(raised)} case(s) raised") == 1, out[-3000:]
+    assert "## Skipped: the kernels' reasons" in out and "no sink support (SDPA has no sink term" in out
+    assert {r["part"] for r in results} == {"agreement", "laws"}
