@@ -1,5 +1,5 @@
 """GPU runners: one GPU per xdist worker, and a CUDA error that poisons the context costs
-the test that caused it, not every test after it.
+the test that caused it, not every test after it. Each test gives its cached memory back.
 
 - Pinning: under `pytest -n auto` worker gwN runs on GPU N mod (number of GPUs); the GPU
   index is recorded on every test report (a JUnit XML property).
@@ -53,6 +53,13 @@ def pytest_configure(config):
 def pytest_runtest_setup(item):
     if item.config.stash[GPU] is not None:
         item.user_properties.append(("gpu", item.config.stash[GPU]))
+
+
+def pytest_runtest_teardown(item):
+    """Give the memory a test cached back: many workers share one GPU, and each would keep
+    its own peak otherwise (16 workers on an H200 ran out at 7 GB each, 2026-12-01)."""
+    if item.config.stash[DEVICE] == "cuda" and torch.cuda.is_initialized() and POISONED not in item.stash:
+        torch.cuda.empty_cache()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -91,7 +91,7 @@ def judge_run(run: Run, oracle: reference.Oracle | None = None, kernel: KernelEn
     to find what the failure depends on."""
     oracle = oracle if oracle is not None else oracle_of(run.inputs)
     metrics = measure(run.o, oracle.o, run.lse, oracle.lse, run.unwritten, oracle.logit_rms, oracle.o_abs,
-                      logit_magnitude=oracle.logit_magnitude)
+                      logit_magnitude=oracle.logit_magnitude, underflow=oracle.underflow)
     verdict = judge(metrics, tolerance)
     if not verdict.passed:
         verdict.hints += explain(run, oracle, verdict, kernel)

@@ -92,6 +92,7 @@ def measure(
     oracle_abs: torch.Tensor | None = None,
     perfect_o: torch.Tensor | None = None,
     logit_magnitude: torch.Tensor | None = None,
+    underflow: torch.Tensor | None = None,
 ) -> Metrics:
     """Compare kernel output `o` (B, T, H, Dv) and `lse` (B, H, T) with the float64 oracle.
 
@@ -103,7 +104,9 @@ def measure(
     own returns through the caller's procedure (say, parts rounded to the output dtype, then
     merged): its distance from the oracle is inherent to the procedure and joins the floor.
     `logit_magnitude` (B, H, T) bounds each row's logits before cancellation (the oracle's):
-    a logit summed in fp32 is off by up to about 2^-24 of it, and so is the lse.
+    a logit summed in fp32 is off by up to about 2^-24 of it, and so is the lse. `underflow`
+    (the oracle's, like o): what an fp32 kernel loses where softmax weights fall below fp32's
+    smallest normal and flush to zero, 2^-126 of the visible |v|.
     """
     dtype = o.dtype
     O = oracle_o.double()
@@ -116,7 +119,10 @@ def measure(
     # flush-to-zero): an exact value below the dtype's smallest normal returned as 0 counts as
     # exact (H200, bf16, a sink taking all but 1e-40 of the weight: every kernel returned 0,
     # 14.7 subnormal steps from the oracle).
-    flushed = (x == 0) & ~bad & (O.abs() < torch.finfo(dtype).tiny)
+    below = torch.full_like(O, torch.finfo(dtype).tiny)
+    if underflow is not None:
+        below = torch.maximum(below, underflow.double())
+    flushed = (x == 0) & ~bad & (O.abs() < below)
     x = torch.where(flushed, O, x)
 
     diff = x - O
@@ -156,6 +162,8 @@ def measure(
     )
     worst_cos, worst_cos_at = _argmax(-row_cos)
     A = O.abs() if oracle_abs is None else oracle_abs.double()
+    if underflow is not None:  # weights flushed in fp32 cost up to this much, whatever the dtype
+        A = torch.maximum(A, underflow.double())
     # Below the dtype's smallest normal, values round with the spacing at the smallest normal
     # in any kernel: each element counts at least that much (H200, fp16 with a sink that took
     # most of the weight: a row of partly subnormal outputs, every element within 0.5 ulp,

@@ -78,6 +78,10 @@ class Oracle:
     logit_rms: float
     # (B, Hq, T): scale * |q_row| * max |k|, what a row's logits add up before they cancel.
     logit_magnitude: torch.Tensor
+    # Like o: 2^-126 times the visible |v|, what a kernel computing the weights in fp32 loses
+    # where they fall below fp32's smallest normal and flush to zero (an H200 kernel, a sink
+    # taking all but 2^-130 of a row's weight: rows of outputs near 2^-125 off by 55 units).
+    underflow: torch.Tensor
 
 
 def oracle(q, k, v, *, scale=None, causal=False, window=None, sink=None) -> Oracle:
@@ -90,11 +94,13 @@ def oracle(q, k, v, *, scale=None, causal=False, window=None, sink=None) -> Orac
     v = v.double().repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     o = torch.einsum("bhts,bshd->bthd", weights, v)
     o_abs = torch.einsum("bhts,bshd->bthd", weights, v.abs())
+    visible_v = torch.einsum("ts,bshd->bthd", visible.double(), v.abs())
+    underflow = torch.finfo(torch.float32).tiny * visible_v
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     k_norms = k.double().norm(dim=-1)  # (B, S, Hkv)
     k_norm = (k_norms.amax(dim=1) if k.shape[1] else k_norms.sum(dim=1)).repeat_interleave(q.shape[2] // k.shape[2], 1)
     logit_magnitude = scale * q.double().norm(dim=-1).transpose(1, 2) * k_norm[..., None]
-    return Oracle(o, lse, o_abs, logit_rms, logit_magnitude)
+    return Oracle(o, lse, o_abs, logit_rms, logit_magnitude, underflow)
 
 
 def ksplit_attention(q, k, v, *, splits: int, scale=None, causal=False, window=None, sink=None):

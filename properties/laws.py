@@ -58,7 +58,8 @@ def assert_agrees(o: torch.Tensor, reference_o: torch.Tensor, what: str, lse=Non
         logit_rms = scales.logit_rms
         oracle_abs = scales.o_abs if oracle_abs is None else oracle_abs
     metrics = measure(o, reference_o.double(), lse, reference_lse, logit_rms=logit_rms or 0.0, oracle_abs=oracle_abs,
-                      perfect_o=perfect_o, logit_magnitude=None if scales is None else scales.logit_magnitude)
+                      perfect_o=perfect_o, logit_magnitude=None if scales is None else scales.logit_magnitude,
+                      underflow=None if scales is None else scales.underflow)
     verdict = judge(metrics, tolerance)
     assert verdict.passed, verdict.message(what)
 

@@ -33,18 +33,22 @@ LONG_KV_LENS = (2048, 3000, 4096)
 DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 
 # Budget per call, per device. Work: B * Hq * T * S * (D + Dv), what the oracle and an
-# eager kernel pay. Tiles: what the Triton interpreter pays, about 6 ms per 32 rows x 64 keys
-# x 256 head-dim columns whatever else is drawn (CPU, 2026-12-01), counted for the MHA layout
-# because the GQA law runs that too.
+# eager kernel pay. Logits: B * Hq * T * S, the float64 oracle's memory (a few tensors of 8
+# bytes each; on an H200 with 16 workers, 2^24 keeps each worker near 1 GB: larger draws ran
+# it out of memory, 2026-12-01). Tiles: what the Triton interpreter pays, about 6 ms per 32
+# rows x 64 keys x 256 head-dim columns whatever else is drawn (CPU, 2026-12-01), counted for
+# the MHA layout because the GQA law runs that too.
 WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
+LOGIT_BUDGET = {"cpu": 2**22, "cuda": 2**24}
 TILE_BUDGET = {"cpu": 64, "cuda": 1e9}
 
 
 def _cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:
     """A call's cost as a fraction of the device's budget (over 1: too much)."""
-    work = batch * heads_q * q_len * kv_len * (head_dim + head_dim_v)
+    logits = batch * heads_q * q_len * kv_len
+    work = logits * (head_dim + head_dim_v)
     tiles = batch * heads_q * -(-q_len // 32) * -(-kv_len // 64) * -(-head_dim // 256) * -(-head_dim_v // 256)
-    return max(work / WORK_BUDGET[device], tiles / TILE_BUDGET[device])
+    return max(work / WORK_BUDGET[device], logits / LOGIT_BUDGET[device], tiles / TILE_BUDGET[device])
 
 
 def _length(upper: int):

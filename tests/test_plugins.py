@@ -17,12 +17,13 @@ PLUGGED = textwrap.dedent('''
     import math
     import torch
 
-    def _attend(q, k, v, scale, causal, window, sink, top_left=False):
+    def _attend(q, k, v, scale, causal, window, sink, top_left=False, dots=None):
         B, T, H, D = q.shape
         S, group = k.shape[1], H // k.shape[2]
         keys = k.float().repeat_interleave(group, 2)
         values = v.float().repeat_interleave(group, 2)
-        s = torch.einsum("bthd,bshd->bhts", q.float(), keys) * (D ** -0.5 if scale is None else scale)
+        dots = torch.einsum("bthd,bshd->bhts", q.float(), keys) if dots is None else dots.float()
+        s = dots * (D ** -0.5 if scale is None else scale)
         row = torch.arange(T)[:, None] + (0 if top_left else S - T)
         col = torch.arange(S)[None, :]
         visible = torch.ones(T, S, dtype=torch.bool)
@@ -47,8 +48,8 @@ PLUGGED = textwrap.dedent('''
         out.copy_(o)
         return out
 
-    def correct(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
-        p, values, lse, _ = _attend(q, k, v, scale, causal, window, sink)
+    def correct(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, dots=None):
+        p, values, lse, _ = _attend(q, k, v, scale, causal, window, sink, dots=dots)
         return _finish(torch.einsum("bhts,bshd->bthd", p, values), q, out), lse
 
     def top_left(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
@@ -95,6 +96,17 @@ PLUGGED = textwrap.dedent('''
 
     def tf32(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
         return correct(_tf32(q), _tf32(k), _tf32(v), scale=scale, causal=causal, window=window, sink=sink, out=out)
+
+    def fp16_accumulation(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
+        """q.k summed 16 head dims at a time into an fp16 accumulator, as an fp16-accumulating MMA."""
+        group = q.shape[2] // k.shape[2]
+        keys = k.float().repeat_interleave(group, 2)
+        dots = torch.zeros(q.shape[0], q.shape[2], q.shape[1], k.shape[1], dtype=torch.float16)
+        for c in range(0, q.shape[-1], 16):
+            dots = (dots.float() + torch.einsum("bthd,bshd->bhts", q[..., c:c + 16].float(), keys[..., c:c + 16])).half()
+        # the rest in fp32, from logits rebuilt as q'.k with the accumulated dot products
+        o, lse = correct(q.float(), k.float(), v, scale=scale, causal=causal, window=window, sink=sink, dots=dots)
+        return _finish(o, q, out), lse
 ''')
 
 # One causal GQA prefill with T < S, in bf16: enough to expose each bug.
@@ -143,8 +155,9 @@ def test_a_buggy_plugged_kernel_fails_naming_its_bug(plugged, plugin, named):
         ("assumes_contiguous", "k.strided and bf16-normal", "mishandles non-contiguous storage"),
         ("dv_bug_on_decode", "dv128-T1 and bf16-normal", "mishandles Dv != D on the decode path"),
         ("tf32", "hd64-T4-S128-B2-mha-h4-fp32-normal", "fp32 inputs computed at TF32 precision"),
+        ("fp16_accumulation", "hd64-T32-S256-gqa4-h8-causal-fp16-normal", "q.k accumulated or held in 16 bits"),
     ],
-    ids=["ignores-scale", "assumes-contiguous", "dv-on-decode", "tf32"],
+    ids=["ignores-scale", "assumes-contiguous", "dv-on-decode", "tf32", "fp16-accumulation"],
 )
 def test_a_plugged_kernel_with_a_hidden_dimension_bug_fails_naming_it(plugged, plugin, selection, named):
     """Each bug passes every sample that does not vary its dimension: the agreement cases draw

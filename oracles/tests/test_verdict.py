@@ -217,3 +217,56 @@ def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
     doubled = reference.merge([(o1, lse1 + math.log(2)), second])[0].to(bf16)
     verdict = judge(measure(doubled, O, oracle_abs=A, perfect_o=perfect))
     assert not verdict.passed and "cosine" in verdict.message(), verdict.message()
+
+
+def test_weights_flushed_below_fp32s_smallest_normal_are_allowed_what_they_cost():
+    """A sink that takes all but ~2^-130 of a row's weight: a kernel computing the weights in
+    fp32 flushes them to zero (GPUs run flush-to-zero), and the row's bf16 outputs, near
+    2^-125, come out 55 units of roundoff off (the H200 measured exactly this on fmha,
+    2026-12-01; emulated here). The oracle's underflow allows it; a 1% error still fails."""
+    sample = Sample(problem=Problem(batch=160, q_len=15, kv_len=1, heads_q=1, heads_kv=1, head_dim=32, sink=True,
+                                    shared_kv=True), scale=1.0, distribution="peaky")
+    x = sample.inputs()
+    oracle = reference.oracle(x.q, x.k, x.v, **x.kwargs())
+    weights = torch.exp(reference.logits(x.q, x.k, 1.0) - oracle.lse[..., None])
+    flushed = torch.where(weights < torch.finfo(torch.float32).tiny, 0.0, weights)
+    o = torch.einsum("bhts,bshd->bthd", flushed, x.v.double()).to(torch.bfloat16)
+    scales = dict(logit_rms=oracle.logit_rms, oracle_abs=oracle.o_abs)
+    assert not judge(measure(o, oracle.o, **scales)).passed  # without the allowance
+    verdict = judge(measure(o, oracle.o, **scales, underflow=oracle.underflow))
+    assert verdict.passed, verdict.message()
+    off = judge(measure((o.double() * 1.01).to(torch.bfloat16), oracle.o, **scales, underflow=oracle.underflow))
+    assert not off.passed and "magnitude" in off.message(), off.message()
+
+
+def test_lse_allows_what_fp32_logits_cost_and_no_more():
+    """Logits near 0.5 summed from terms near 1e4 (large_logits, fp16): fp32 rounding of the
+    sum puts the lse ~2e-4 off in any kernel (CPU, fmha and SDPA flash alike, 2026-12-01);
+    the oracle's logit_magnitude allows that, and a base-2 lse still fails."""
+    problem = Problem(batch=33, q_len=16, kv_len=1, heads_q=28, heads_kv=4, head_dim=32, dtype=torch.float16)
+    x = Sample(problem=problem, distribution="large_logits").inputs()
+    oracle = reference.oracle(x.q, x.k, x.v)
+    fp32_logits = (torch.einsum("bthd,bshd->bhts", x.q.float(), x.k.float().repeat_interleave(7, 2))
+                   * 32 ** -0.5).squeeze(-1)
+    o = oracle.o.to(torch.float16)
+    assert not judge(measure(o, oracle.o, fp32_logits, oracle.lse)).passed
+    assert judge(measure(o, oracle.o, fp32_logits, oracle.lse, logit_magnitude=oracle.logit_magnitude)).passed
+    base2 = judge(measure(o, oracle.o, fp32_logits / math.log(2), oracle.lse, logit_magnitude=oracle.logit_magnitude))
+    assert not base2.passed and "lse" in base2.message()
+
+
+def test_cosine_allowance_widens_with_the_logit_conditioning():
+    """fp32 outputs with |s| ~ 1e4 (scale 1.0, large_logits): fp32 logits alone cost 1 - cos
+    ~ 1e-9, above the fp32 threshold; the allowance widens with floor / output floor, as the
+    per-element one does, and an output 10% off still fails."""
+    problem = Problem(batch=3, q_len=85, kv_len=50, heads_q=1, heads_kv=1, head_dim=48, dtype=torch.float32)
+    x = Sample(problem=problem, scale=1.0, distribution="large_logits", seed=41).inputs()
+    oracle = reference.oracle(x.q, x.k, x.v, scale=1.0)
+    s = torch.einsum("bthd,bshd->bhts", x.q, x.k)  # fp32 logits, as a correct kernel has them
+    weights = torch.softmax(s.double().float().double(), dim=-1)
+    o = torch.einsum("bhts,bshd->bthd", weights, x.v.double()).float()
+    verdict = judge(measure(o, oracle.o, logit_rms=oracle.logit_rms, oracle_abs=oracle.o_abs))
+    assert verdict.passed, verdict.message()
+    assert verdict.metrics.cos < TOLERANCES[torch.float32].min_cos  # the fixed threshold alone would fail it
+    off = judge(measure(o * 1.1, oracle.o, logit_rms=oracle.logit_rms, oracle_abs=oracle.o_abs))
+    assert not off.passed
