@@ -1,4 +1,4 @@
-"""fmha.merge: the D5 merge of partial attention results as a Triton kernel.
+"""The D5 merge of partial attention results as a Triton kernel (fmha.merge runs it).
 
     L = log(sum_i exp(lse_i) + exp(sink));  o = sum_i exp(lse_i - L) * o_i
 
@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from fmha.capabilities import MergeEntry
 from fmha.contract import check_merge_args
 from fmha.triton_utils import interpreting, round_for_bf16
 
@@ -108,5 +107,3 @@ def merge(parts, sink=None):
     merge_into(o, lse, o_parts, lse_parts, sink)
     return o, lse
 
-
-MERGE_ENTRY = MergeEntry("triton-merge", merge, description="fmha's Triton D5 merge")

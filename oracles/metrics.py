@@ -1,5 +1,5 @@
-"""Error metrics of a kernel's output against the float64 oracle (DESIGN.md, "Comparing with
-the oracle"). Each metric says how much and, where it is a worst case, where.
+"""Error metrics of a kernel's output against the float64 oracle (docs/contract.md, "Comparing
+with the oracle"). Each metric says how much and, where it is a worst case, where.
 
 Rows are the Dv-vectors o[b, t, h]; locations are reported as (b, t, h) or (b, t, h, d) for
 o and (b, h, t) for lse.

@@ -1,4 +1,4 @@
-"""python -m regressions list | matrix | new <id> ..."""
+"""python -m fmha.regressions list | matrix | new <id> ..."""
 
 from fmha.regressions.cli import main
 

@@ -1,5 +1,5 @@
 """The kill matrix: which checks catch which mutant, and whether the correct kernels pass
-every named case. `python -m regressions matrix` writes it to docs/kill-matrix.md, so a gap
+every named case. `python -m fmha.regressions matrix` writes it to docs/kill-matrix.md, so a gap
 (a bug only its own case catches, or one nothing catches) is visible; CI asserts the part
 that must hold (regressions/test_kill_matrix.py).
 """

@@ -1,4 +1,4 @@
-"""`python -m regressions new <id>`: a trap module from a reproducer, ready to run.
+"""`python -m fmha.regressions new <id>`: a trap module from a reproducer, ready to run.
 
 The reproducer is what the property suite prints on a failure, the shrunk sample:
     pin it: @example(sample=Sample(problem=Problem(batch=1, q_len=1, ...), distribution='peaky', seed=3))

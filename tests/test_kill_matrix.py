@@ -57,4 +57,4 @@ def test_the_kill_matrix_page_covers_every_mutant_and_trap():
     with open(DOC) as f:
         page = f.read()
     missing = [name for name in [*MUTANTS, *TRAPS] if f"| {name} |" not in page and name not in page]
-    assert not missing, f"docs/kill-matrix.md does not mention {missing}: regenerate it with `python -m regressions matrix`"
+    assert not missing, f"docs/kill-matrix.md does not mention {missing}: regenerate it with `python -m fmha.regressions matrix`"

@@ -1,4 +1,4 @@
-"""`python -m regressions new` turns the property suite's shrunk case into a trap module
+"""`python -m fmha.regressions new` turns the property suite's shrunk case into a trap module
 that loads and runs."""
 
 import importlib.util

@@ -1,6 +1,6 @@
 """The trap library: one module per trap, each with TRAP (the case) and MUTANTS (kernels
 with exactly that bug). Modules are discovered, so a new trap is one new file
-(`python -m regressions new <id>` writes it)."""
+(`python -m fmha.regressions new <id>` writes it)."""
 
 from __future__ import annotations
 
