@@ -9,7 +9,8 @@ environment, from any directory:
     pytest --fmha-device cpu                                        # default: cuda if present
     pytest --fmha-known-failures my_known_failures.toml             # your kernels' ledger
 
-A test takes the `kernel` (or `merge_kernel`) argument to run once per selected kernel. When
+A test of fmha's suite (or one marked `fmha_suite`) takes the `kernel` (or `merge_kernel`)
+argument to run once per selected kernel. When
 it is also parametrized with a `problem` or a `sample`, a combination the kernel does not
 support becomes a skip whose message is the kernel's own reason, and so does a
 NotSupportedError the kernel raises when called; `@pytest.mark.fmha_needs("lse")` adds
@@ -35,6 +36,7 @@ MARKERS = {
     "property": "hypothesis property test",
     "regression": "named regression case from the trap library",
     "fmha_needs(*features)": "per-call contract features the test needs from the kernel (lse, out)",
+    "fmha_suite": "a test outside fmha's packages whose `kernel`/`merge_kernel` arguments are the selected ones",
 }
 
 
@@ -130,8 +132,22 @@ def pytest_report_header(config):
             f"merges {', '.join(m.name for m in merges)}")
 
 
+def _in_suite(metafunc) -> bool:
+    """fmha's own tests (in fmha.oracles, .properties, .regressions), or tests marked
+    `fmha_suite`: other tests of the session keep their own `kernel` arguments."""
+    if metafunc.definition.get_closest_marker("fmha_suite"):
+        return True
+    import fmha.oracles
+    import fmha.properties
+    import fmha.regressions
+
+    path = str(metafunc.definition.path)
+    return any(path.startswith(os.path.dirname(package.__file__) + os.sep)
+               for package in (fmha.oracles, fmha.properties, fmha.regressions))
+
+
 def pytest_generate_tests(metafunc):
-    if "kernel" in metafunc.fixturenames or "merge_kernel" in metafunc.fixturenames:
+    if ("kernel" in metafunc.fixturenames or "merge_kernel" in metafunc.fixturenames) and _in_suite(metafunc):
         kernels, merges = _selection(metafunc.config)
         if "kernel" in metafunc.fixturenames:
             metafunc.parametrize("kernel", kernels, ids=[k.name for k in kernels])

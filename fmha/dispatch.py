@@ -30,26 +30,33 @@ def not_supported_reasons(problem: Problem, device, needs=()) -> dict[str, list[
     return {impl.name: impl.not_supported_reasons(problem, device, needs) for impl in IMPLEMENTATIONS}
 
 
-def choose(problem: Problem, device: torch.device, implementation: str | None = None,
-           needs=()) -> host.Implementation:
-    """The implementation that runs `problem`: the first supporting it, or the one named."""
-    names = [impl.name for impl in IMPLEMENTATIONS]
-    if implementation is not None and implementation not in names:
-        raise ValueError(f"implementation: expected one of {', '.join(names)} or None, got {implementation!r}")
+def choose(problem: Problem, device: torch.device, implementations=IMPLEMENTATIONS, needs=()) -> host.Implementation:
+    """The first of `implementations` that supports `problem`, or NotSupportedError with each
+    one's reasons."""
     reasons = {}
-    for impl in IMPLEMENTATIONS:
-        if implementation in (None, impl.name):
-            reasons[impl.name] = impl.not_supported_reasons(problem, device, needs)
-            if not reasons[impl.name]:
-                return impl
+    for impl in implementations:
+        reasons[impl.name] = impl.not_supported_reasons(problem, device, needs)
+        if not reasons[impl.name]:
+            return impl
     raise NotSupportedError("; ".join(f"{name}: {'; '.join(why)}" for name, why in reasons.items()))
 
 
-def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, implementation=None):
-    """The contract's attention (docs/contract.md): (o (B, T, Hq, Dv), lse (B, Hq, T) float32)."""
+def _attend(implementations, q, k, v, *, scale, causal, window, sink, out, **overrides):
     problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
-    impl = choose(problem, q.device, implementation, needs=("out",) if out is not None else ())
-    return host.run(impl, problem, q, k, v, scale=scale, window=problem.window, sink=sink, out=out)
+    impl = choose(problem, q.device, implementations, needs=("out",) if out is not None else ())
+    return host.run(impl, problem, q, k, v, scale=scale, window=problem.window, sink=sink, out=out, **overrides)
+
+
+def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, implementation=None):
+    """The contract's attention (docs/contract.md): (o (B, T, Hq, Dv), lse (B, Hq, T) float32).
+    `implementation`: the name of the one to run (else the first that supports the call)."""
+    chosen = IMPLEMENTATIONS
+    if implementation is not None:
+        chosen = [impl for impl in IMPLEMENTATIONS if impl.name == implementation]
+        if not chosen:
+            names = ", ".join(impl.name for impl in IMPLEMENTATIONS)
+            raise ValueError(f"implementation: expected one of {names} or None, got {implementation!r}")
+    return _attend(chosen, q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
 
 
 def only(impl: host.Implementation, **overrides):
@@ -57,11 +64,7 @@ def only(impl: host.Implementation, **overrides):
     mutants); `overrides` are fmha.host.run's (tiles, splits: fmha.tune)."""
 
     def attention_by(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
-        problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
-        reasons = impl.not_supported_reasons(problem, q.device, ("out",) if out is not None else ())
-        if reasons:
-            raise NotSupportedError(f"{impl.name}: {'; '.join(reasons)}")
-        return host.run(impl, problem, q, k, v, scale=scale, window=problem.window, sink=sink, out=out, **overrides)
+        return _attend([impl], q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out, **overrides)
 
     attention_by.__name__ = f"attention_by_{impl.name}"
     return attention_by

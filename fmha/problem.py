@@ -106,10 +106,10 @@ class Problem:
 
     def __repr__(self) -> str:
         """Only what differs from the defaults: a line to paste into @example or a trap."""
-        return f"Problem({_fields_repr(self, head_dim_v=self.head_dim, causal=self.window is not None)})"
+        return f"Problem({repr_fields(self, head_dim_v=self.head_dim, causal=self.window is not None)})"
 
 
-def _fields_repr(obj, **implied) -> str:
+def repr_fields(obj, **implied) -> str:
     """`name=value` for the dataclass fields of `obj` that differ from their defaults (or from
     what `implied` says they follow from)."""
     parts = []

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fmha.oracles.distributions import DISTRIBUTIONS
-from fmha.problem import Problem, _fields_repr
+from fmha.problem import Problem, repr_fields
 
 STORAGES = ("contiguous", "strided", "sliced", "expanded")
 SLICE_TAIL = 67  # rows past the view in a sliced buffer: not a multiple of any tile
@@ -74,7 +74,7 @@ class Sample:
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
-        return f"Sample({_fields_repr(self, name='')})"
+        return f"Sample({repr_fields(self, name='')})"
 
     def inputs(self, device="cpu", tail_fill: float = float("nan")) -> Inputs:
         """The sample's tensors on `device`; `tail_fill` is what sliced and strided storage

@@ -223,3 +223,67 @@ def test_a_quarantined_configuration_is_reported_without_being_launched(plugged)
                                           "--fmha-device=cpu")
     result.assert_outcomes(xfailed=2)
     assert "[quarantined: not launched]" in result.stdout.str()
+
+
+LAWS = str(Path(__file__).resolve().parents[1] / "properties" / "test_laws.py")
+
+
+def test_a_not_supported_error_at_call_time_is_a_skip_with_its_text(plugged):
+    plugged.makepyfile(refusing_kernels=textwrap.dedent('''
+        from fmha import NotSupportedError
+        from plugged_kernels import correct
+
+        def fwd(q, k, v, **kwargs):
+            if q.shape[-1] == 256:
+                raise NotSupportedError("head dim 256 lands next release")
+            return correct(q, k, v, **kwargs)
+
+        def never(q, k, v, **kwargs):
+            raise NotSupportedError("nothing yet")
+    '''))
+    result = plugged.runpytest(AGREEMENT, "-p", "no:cacheprovider", "-rs", "--fmha-kernel=refusing_kernels:fwd",
+                               "--fmha-device=cpu", "-k", "bf16-normal")
+    out = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes["skipped"] == 1 and outcomes["passed"] > 0, out[-3000:]
+    assert "refusing_kernels:fwd raised NotSupportedError: head dim 256 lands next release" in out, out[-3000:]
+    laws = plugged.runpytest(LAWS, "-p", "no:cacheprovider", "-rs", "--fmha-kernel=refusing_kernels:never",
+                             "--fmha-device=cpu", "-k", "test_agrees_with_the_oracle")
+    assert laws.parseoutcomes().get("skipped") == 1, laws.stdout.str()[-3000:]
+    assert "the kernel refused the samples it was given (NotSupportedError): nothing yet" in laws.stdout.str()
+
+
+def test_a_users_known_failure_file_marks_strict_xfails_and_a_bad_one_is_a_usage_error(plugged):
+    plugged.makefile(".toml", known=textwrap.dedent('''
+        [[known_failure]]
+        kernel = "plugged_kernels:ignores_scale"
+        test = "test_kernel_matches_oracle"
+        reason = "the scale argument is not wired through yet"
+        issue = "mykernel#7"
+        case = "normal-scale0.3"
+    '''), broad=textwrap.dedent('''
+        [[known_failure]]
+        kernel = "plugged_kernels:ignores_scale"
+        test = "test_kernel_matches_oracle"
+        reason = "the scale argument is not wired through yet"
+        issue = "mykernel#7"
+        case = "scale0.3"
+    '''), typo=textwrap.dedent('''
+        [[known_failure]]
+        kernel = "plugged_kernels:ignores_scale"
+        test = "test_kernel_matches_oracle"
+        reason = "x"
+        issue = "x"
+        cases = "scale0.3"
+    '''))
+    result = _run(plugged, "ignores_scale", "--fmha-known-failures=known.toml", "-k", "bf16-normal", "-rx")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes["xfailed"] == 1, result.stdout.str()[-3000:]
+    assert "known failure (mykernel#7): the scale argument is not wired through yet" in result.stdout.str()
+    # strict: a record that also covers a case the kernel passes (constant scores do not
+    # depend on the scale) fails that case as an unexpected pass
+    broad = _run(plugged, "ignores_scale", "--fmha-known-failures=broad.toml", "-k", "bf16")
+    assert broad.parseoutcomes().get("failed") == 1 and "XPASS(strict)" in broad.stdout.str()
+    typo = _run(plugged, "ignores_scale", "--fmha-known-failures=typo.toml")
+    assert typo.ret == pytest.ExitCode.USAGE_ERROR
+    assert "typo.toml: record 1: unknown field(s) ['cases']" in typo.stderr.str()
