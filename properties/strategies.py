@@ -37,18 +37,23 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # bytes each; on an H200 with 16 workers, 2^24 keeps each worker near 1 GB: larger draws ran
 # it out of memory, 2026-12-01). Tiles: what the Triton interpreter pays, about 6 ms per 32
 # rows x 64 keys x 256 head-dim columns whatever else is drawn (CPU, 2026-12-01), counted for
-# the MHA layout because the GQA law runs that too.
+# the MHA layout because the GQA law runs that too. Keys: B * Hq * S * (D + Dv), the float64
+# K and V the oracle repeats for every query head (at 2^27, 1 GB each; decode draws of
+# 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out, 2026-12-01).
 WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
 LOGIT_BUDGET = {"cpu": 2**22, "cuda": 2**24}
 TILE_BUDGET = {"cpu": 64, "cuda": 1e9}
+KEY_BUDGET = {"cpu": 4e7, "cuda": 2**27}
 
 
 def _cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:
     """A call's cost as a fraction of the device's budget (over 1: too much)."""
     logits = batch * heads_q * q_len * kv_len
     work = logits * (head_dim + head_dim_v)
+    keys = batch * heads_q * kv_len * (head_dim + head_dim_v)
     tiles = batch * heads_q * -(-q_len // 32) * -(-kv_len // 64) * -(-head_dim // 256) * -(-head_dim_v // 256)
-    return max(work / WORK_BUDGET[device], logits / LOGIT_BUDGET[device], tiles / TILE_BUDGET[device])
+    return max(work / WORK_BUDGET[device], logits / LOGIT_BUDGET[device], tiles / TILE_BUDGET[device],
+               keys / KEY_BUDGET[device])
 
 
 def _length(upper: int):
