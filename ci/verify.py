@@ -135,7 +135,7 @@ def law_pass(kernel, law, device: str, examples: int) -> Result:
                       _signature(f"{law.__name__}: {first.split(':', 1)[-1]}"))
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this law, not the run
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        return Result(kernel.name, "laws", law.__name__, "", "raised", error, f"{law.__name__} raised {_signature(error)}")
+        return Result(kernel.name, "laws", law.__name__, "", "raised", error, f"raised {_signature(error)}")
     return Result(kernel.name, "laws", law.__name__, "", "passed")
 
 

@@ -213,3 +213,20 @@ def test_fmha_attention_validates_before_any_kernel_runs():
         fmha.attention(q, k, v, scale=float("nan"))
     with pytest.raises(ContractError, match=re.escape("sink: expected finite logits")):
         fmha.attention(q, k, v, sink=torch.tensor([0.0, float("nan"), 0.0, 0.0]))
+
+
+def test_an_sdpa_backend_that_has_no_kernel_for_a_call_refuses_it_with_pytorchs_reasons(monkeypatch):
+    """cuDNN SDPA raises "No available kernel" for one key (an H200, torch 2.11): the adapter
+    turns that into NotSupportedError (a skip) carrying the warning PyTorch gave."""
+    import warnings
+
+    from fmha.adapters import sdpa
+
+    def no_kernel(*args, **kwargs):
+        warnings.warn("cudnn SDPA does not support key/value sequence length 1. (Triggered internally at x.cpp:555.)")
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", no_kernel)
+    with pytest.raises(NotSupportedError, match=r"^sdpa-math: PyTorch has no kernel for this call: "
+                                                r"cudnn SDPA does not support key/value sequence length 1\.$"):
+        sdpa_math(*_qkv())

@@ -12,18 +12,23 @@ Translation notes:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from fmha.capabilities import Capabilities, KernelEntry
-from fmha.contract import check_attention_args
+from fmha.contract import NotSupportedError, check_attention_args
 from fmha.merge_torch import add_sink
 
 NO_LSE = "SDPA's public API returns no LSE"
 NO_SINK = "SDPA has no sink term and returns no LSE to add one afterwards"
 UP_TO_256 = tuple(range(8, 257, 8))  # multiples of 8
+CUDNN_EXPANDED_Q = ("sdpa-cudnn: a q with stride-0 (expanded) heads and Dv != D is refused: cuDNN raised \"The stride "
+                    "for the last dimension ... should be 1 for output_names::O\" and the same call again crashed the "
+                    "process (an H200, torch 2.11, 2026-12-01)")
 
 
 def _mask(q_len: int, kv_len: int, causal: bool, window: int | None, device) -> torch.Tensor | None:
@@ -55,9 +60,21 @@ def _public_sdpa(backend: SDPBackend, entry_name: str):
             mask = causal_lower_right(q.shape[1], k.shape[1])  # flash takes no tensor mask
         else:
             mask = _mask(q.shape[1], k.shape[1], causal, window, q.device)
+        if backend == SDPBackend.CUDNN_ATTENTION and 0 in q.stride() and v.shape[-1] != q.shape[-1]:
+            raise NotSupportedError(CUDNN_EXPANDED_Q)
         qh, kh, vh = _heads_first(q, k, v)
-        with sdpa_kernel(backend):
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        # A backend refuses some shapes its documented limits allow (cuDNN: one key); PyTorch
+        # then says why in warnings and raises "No available kernel": a refusal, not a bug.
+        with sdpa_kernel(backend), warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+            except RuntimeError as e:
+                if "No available kernel" not in str(e):
+                    raise
+                why = [str(w.message).split(" (Triggered internally")[0] for w in said]
+                raise NotSupportedError(f"{entry_name}: PyTorch has no kernel for this call: "
+                                        + ("; ".join(why) or str(e))) from None
         return o.transpose(1, 2), None
 
     attention.__name__ = f"sdpa_{backend.name.lower()}"
