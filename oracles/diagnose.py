@@ -7,6 +7,7 @@ Three kinds of evidence, tried in this order when a verdict fails:
   by one) than to the contract;
 - precision: the error is as large as computing at a lower precision would make it (fp32
   inputs at TF32; q.k carried in 16 bits);
+- LSE conventions of other libraries: the sink left out, +inf for a row with no key;
 - reruns (when the kernel is given): the kernel passes on the same values in contiguous
   storage, or with Dv = D, so the failure is in how it handles that dimension.
 """
@@ -135,8 +136,33 @@ def explain(run: Run, oracle: reference.Oracle, verdict: Verdict, kernel: Kernel
                 if expected > 2 * floor and expected / 3 <= error <= 16 * expected:
                     hints.append(f"error matches {description}: rel-L2 {error:.3g}; that precision alone gives "
                                  f"{expected:.3g}, the {DTYPE_NAMES[x.problem.dtype]} floor is {floor:.3g}")
+    hints += _lse_conventions(run, oracle)
     if kernel is not None and not verdict.metrics.unwritten:
         hints += _reruns(kernel, run, verdict)
+    return hints
+
+
+def _lse_conventions(run: Run, oracle: reference.Oracle) -> list[str]:
+    """FlashMLA's LSE: the sink left out, +inf for a row with no key (the base-2 LSE of
+    FlashInfer is named by the verdict's own hint, from the metrics alone)."""
+    if run.lse is None:
+        return []
+    x, lse, hints = run.inputs, run.lse.double(), []
+    adapter = "fmha.adapters.conventions.lse_from_sink_excluded translates it"
+    no_key = torch.isposinf(lse)
+    if no_key.any():
+        hints.append(f"lse is +inf in {int(no_key.sum())} row(s) (first at (b,h,t)="
+                     f"{tuple(torch.nonzero(no_key)[0].tolist())}): FlashMLA's mark of a row with no key; the "
+                     f"contract wants -inf, or the sink; {adapter}")
+    if x.problem.sink:
+        without_sink = reference.attention(x.q, x.k, x.v, **x.kwargs(sink=None))[1]
+        rows = torch.isfinite(without_sink) & torch.isfinite(lse)
+        if rows.any():
+            off_oracle = (lse[rows] - oracle.lse[rows]).abs().max()
+            off_no_sink = (lse[rows] - without_sink[rows]).abs().max()
+            if off_no_sink < 0.01 * off_oracle:
+                hints.append(f"lse leaves the sink out (FlashMLA's convention): {off_no_sink:.3g} from the LSE "
+                             f"without the sink, {off_oracle:.3g} from the contract's; {adapter}")
     return hints
 
 

@@ -130,7 +130,8 @@ def _hints(m: Metrics) -> list[str]:
         hints.append(f"every row points the right way but is too short (|o|/|O| = {m.magnitude:.4g}): "
                      "normalised twice (P already divided by the row sum, then divided again)?")
     if m.lse_scale is not None and abs(m.lse_scale - 1 / math.log(2)) < 0.01:
-        hints.append(f"lse = {m.lse_scale:.4f} x oracle = oracle / ln 2: base-2 LSE; the contract wants the natural log")
+        hints.append(f"lse = {m.lse_scale:.4f} x oracle = oracle / ln 2: base-2 LSE (FlashInfer's); the contract wants the natural log "
+                     "(fmha.adapters.conventions.lse_from_base2 translates it)")
     if m.unwritten:
         hints.append("the kernel skips part of out= (a tail row, a lane or a tile never stored)")
     return hints
