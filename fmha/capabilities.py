@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from fmha.problem import DTYPE_NAMES, FEATURES, Problem
+from fmha.problem import CACHE_LAYOUTS, DTYPE_NAMES, FEATURES, SOURCES, Problem
 
 ALL_DTYPES = tuple(DTYPE_NAMES)
 
@@ -47,14 +47,21 @@ class Capabilities:
     split_head_dim_v: bool = True  # Dv may differ from D
     empty_rows: bool = True  # rows that see no key give o = 0, lse = -inf / sink
     promises: frozenset[str] = frozenset()  # among PROMISES
+    # Contract v2, opt-in: where keys may come from (SOURCES), page sizes (None: any), the
+    # largest top-k a row may read, quantized cache layouts (CACHE_LAYOUTS).
+    sources: frozenset[str] = frozenset({"dense"})
+    block_sizes: tuple[int, ...] | None = None
+    max_topk: int | None = None
+    cache_layouts: frozenset[str] = frozenset()
     # Why a feature or limit is missing, e.g. {"lse": "SDPA's public API returns no LSE"}; keys
     # are the feature names and "device", "dtype", "head_dim", "head_dim_v", "requires",
     # "max_q_len", "max_kv_len", "q_len_equals_kv_len", "q_len_multiple_of",
-    # "kv_len_multiple_of", "empty_rows".
+    # "kv_len_multiple_of", "empty_rows", "block_size", "max_topk", "cache_layout".
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
-        for name, known in (("features", FEATURES), ("requires", FEATURES), ("promises", tuple(PROMISES))):
+        for name, known in (("features", FEATURES), ("requires", FEATURES), ("promises", tuple(PROMISES)),
+                            ("sources", SOURCES), ("cache_layouts", CACHE_LAYOUTS)):
             unknown = set(getattr(self, name)) - set(known)
             if unknown:
                 raise ValueError(f"{name}: unknown {sorted(unknown)}; expected among {', '.join(known)}")
@@ -109,6 +116,24 @@ class Capabilities:
             reasons.append(self._why("kv_len_multiple_of", f"needs S a multiple of {self.kv_len_multiple_of}, got {S}"))
         if problem.has_empty_rows and not self.empty_rows:
             reasons.append(self._why("empty_rows", "rows with no visible key (causal, T > S) unsupported"))
+        return reasons + self._source_reasons(problem)
+
+    def _source_reasons(self, problem: Problem) -> list[str]:
+        reasons = [self._why(source, f"no {_SOURCE_WORDS[source]}") for source in sorted(problem.sources)
+                   if source not in self.sources]
+        if self.block_sizes is not None:
+            bad = [str(b) for b in (problem.block_size, problem.extra_block_size)
+                   if b is not None and b not in self.block_sizes]
+            if bad:
+                reasons.append(self._why("block_size", f"block size {', '.join(bad)} unsupported "
+                                                       f"(supports {_span(self.block_sizes)})"))
+        topks = [problem.kv_len] if problem.source == "sparse" else []
+        topks += [problem.extra_topk] if problem.extra_topk is not None else []
+        if self.max_topk is not None and any(k > self.max_topk for k in topks):
+            reasons.append(self._why("max_topk", f"top-k {max(topks)} > max {self.max_topk}"))
+        missing = sorted(problem.cache_layouts - self.cache_layouts)
+        if missing:
+            reasons.append(self._why("cache_layout", f"no {', '.join(missing)} cache"))
         return reasons
 
     def _head_dim_reasons(self, problem: Problem, dtype: str) -> list[str]:
@@ -122,6 +147,10 @@ class Capabilities:
         where = f" in {dtype}" if isinstance(self.head_dims, Mapping) else ""
         supports = _span(allowed) if allowed else "none"
         return [self._why("head_dim", f"head dim {', '.join(bad)} unsupported{where} (supports {supports})")]
+
+
+_SOURCE_WORDS = {"dense": "dense keys", "paged": "paged KV cache", "ragged": "ragged (packed) queries",
+                 "sparse": "index-sparse keys", "two_scopes": "second key scope"}
 
 
 def _span(values: tuple[int, ...]) -> str:

@@ -19,6 +19,7 @@ import numbers
 import numpy as np
 import torch
 
+from fmha.contract_sources import check_source_args, output_shape
 from fmha.problem import DTYPE_NAMES, Problem
 
 DTYPES = tuple(DTYPE_NAMES)
@@ -52,13 +53,66 @@ def _check_tensor(name: str, t, rank: int, layout: str):
 
 
 def check_attention_args(
-    q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, capabilities=None
+    q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None,
+    block_table=None, kv_lens=None, cu_seqlens_q=None, indices=None, topk_len=None,
+    extra_k_cache=None, extra_indices=None, extra_topk_len=None, cache_layout=None, extra_cache_layout=None,
+    capabilities=None,
 ) -> Problem:
     """Validate one attention call; return the Problem it describes.
 
-    With `capabilities` (a `fmha.capabilities.Capabilities`), a valid call the kernel does not
-    implement raises NotSupportedError carrying the kernel's reasons.
+    Dense keys (contract v1) unless the call names a block table (paged) or indices
+    (index-sparse); then k and v are caches (fmha.contract_sources). With `capabilities` (a
+    `fmha.capabilities.Capabilities`), a valid call the kernel does not implement raises
+    NotSupportedError carrying the kernel's reasons.
     """
+    v2 = dict(block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q, indices=indices,
+              topk_len=topk_len, extra_k_cache=extra_k_cache, extra_indices=extra_indices,
+              extra_topk_len=extra_topk_len, cache_layout=cache_layout, extra_cache_layout=extra_cache_layout)
+    if any(value is not None for value in v2.values()):
+        _check_tensor("q", q, q.dim() if isinstance(q, torch.Tensor) else 4, "(B, T, Hq, D)")
+        fields = check_source_args(q, k, v, causal=causal, window=window, **v2)
+    else:
+        fields = _dense_fields(q, k, v)
+    _check_scalars(scale, causal, window)
+    Hq, Dv = fields["heads_q"], fields["head_dim_v"]
+    if sink is not None:
+        if not isinstance(sink, torch.Tensor):
+            _fail(f"sink: expected a float32 tensor of shape ({Hq},), got {_type(sink)}")
+        if tuple(sink.shape) != (Hq,):
+            _fail(f"sink: expected shape ({Hq},) (one logit per query head), got {tuple(sink.shape)}")
+        if sink.dtype != torch.float32:
+            _fail(f"sink: expected dtype float32, got {sink.dtype}")
+        if sink.device != q.device:
+            _fail(f"sink: expected q's device {q.device}, got {sink.device}")
+        _check_values("sink", sink, "finite logits, or -inf for no sink", "head")
+    _check_forward_only(q=q, k=k, v=v, sink=sink)
+    problem = Problem(
+        **fields, dtype=q.dtype, causal=bool(causal) or window is not None,
+        window=None if window is None else int(window), sink=sink is not None, shared_kv=k is v,
+    )
+    if out is not None:
+        shape = output_shape(problem, total_q=q.shape[0])
+        names = "(total_q, Hq, Dv)" if problem.ragged else "(B, T, Hq, Dv)"
+        if not isinstance(out, torch.Tensor):
+            _fail(f"out: expected a tensor of shape {shape}, got {_type(out)}")
+        if tuple(out.shape) != shape:
+            _fail(f"out: expected shape {shape} {names}, got {tuple(out.shape)}")
+        if out.dtype != q.dtype:
+            _fail(f"out: expected q's dtype {q.dtype}, got {out.dtype}")
+        if out.device != q.device:
+            _fail(f"out: expected q's device {q.device}, got {out.device}")
+        if out.numel() and out.stride(-1) != 1:
+            _fail(f"out: expected a contiguous last dim (stride 1), got strides {tuple(out.stride())}")
+    if capabilities is not None:
+        needs = ("out",) if out is not None else ()
+        reasons = capabilities.not_supported_reasons(problem, q.device.type, needs=needs)
+        if reasons:
+            raise NotSupportedError("; ".join(reasons))
+    return problem
+
+
+def _dense_fields(q, k, v) -> dict:
+    """Contract v1: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv)."""
     _check_tensor("q", q, 4, "(B, T, Hq, D)")
     _check_tensor("k", k, 4, "(B, S, Hkv, D)")
     _check_tensor("v", v, 4, "(B, S, Hkv, Dv)")
@@ -78,41 +132,7 @@ def check_attention_args(
         _fail(f"k: expected head dim D={D} (q's dim 3), got {k.shape[3]}")
     if Hkv == 0 or Hq % Hkv:
         _fail(f"q, k: expected Hq % Hkv == 0, got Hq={Hq}, Hkv={Hkv}")
-    _check_scalars(scale, causal, window)
-    if sink is not None:
-        if not isinstance(sink, torch.Tensor):
-            _fail(f"sink: expected a float32 tensor of shape ({Hq},), got {_type(sink)}")
-        if tuple(sink.shape) != (Hq,):
-            _fail(f"sink: expected shape ({Hq},) (one logit per query head), got {tuple(sink.shape)}")
-        if sink.dtype != torch.float32:
-            _fail(f"sink: expected dtype float32, got {sink.dtype}")
-        if sink.device != q.device:
-            _fail(f"sink: expected q's device {q.device}, got {sink.device}")
-        _check_values("sink", sink, "finite logits, or -inf for no sink", "head")
-    _check_forward_only(q=q, k=k, v=v, sink=sink)
-    Dv = v.shape[3]
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            _fail(f"out: expected a tensor of shape {(B, T, Hq, Dv)}, got {_type(out)}")
-        if tuple(out.shape) != (B, T, Hq, Dv):
-            _fail(f"out: expected shape {(B, T, Hq, Dv)} (B, T, Hq, Dv), got {tuple(out.shape)}")
-        if out.dtype != q.dtype:
-            _fail(f"out: expected q's dtype {q.dtype}, got {out.dtype}")
-        if out.device != q.device:
-            _fail(f"out: expected q's device {q.device}, got {out.device}")
-        if out.numel() and out.stride(-1) != 1:
-            _fail(f"out: expected a contiguous last dim (stride 1), got strides {tuple(out.stride())}")
-    problem = Problem(
-        batch=B, q_len=T, kv_len=S, heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv,
-        dtype=q.dtype, causal=bool(causal) or window is not None, window=None if window is None else int(window),
-        sink=sink is not None, shared_kv=k is v,
-    )
-    if capabilities is not None:
-        needs = ("out",) if out is not None else ()
-        reasons = capabilities.not_supported_reasons(problem, q.device.type, needs=needs)
-        if reasons:
-            raise NotSupportedError("; ".join(reasons))
-    return problem
+    return dict(batch=B, q_len=T, kv_len=S, heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=v.shape[3])
 
 
 def check_merge_args(parts, sink=None) -> tuple[int, int, int, int]:

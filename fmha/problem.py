@@ -14,6 +14,10 @@ import torch
 
 # The optional parts of the contract a kernel may or may not implement (docs/contract.md).
 FEATURES = ("causal", "window", "sink", "lse", "gqa", "shared_kv", "out")
+# Where the keys come from (contract v2). Opt-in: a kernel that declares nothing reads dense keys.
+SOURCES = ("dense", "paged", "ragged", "sparse", "two_scopes")
+# Quantized K = V caches (fmha.oracles.quantization.LAYOUTS has their bytes).
+CACHE_LAYOUTS = ("dsv4-fp8", "dsv4-fp4")
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -32,6 +36,15 @@ class Problem:
     window: int | None = None  # implies causal
     sink: bool = False
     shared_kv: bool = False  # k and v are one tensor (DSV4: K = V)
+    # Contract v2 (docs/contract.md). Paged: q_len and kv_len are the longest request's;
+    # sparse: kv_len is the top-k, the indices each query row reads.
+    source: str = "dense"  # "dense", "paged" or "sparse"
+    ragged: bool = False  # paged with q packed (total_q, Hq, D) and cu_seqlens_q
+    block_size: int | None = None  # paged and sparse
+    cache_layout: str | None = None  # a quantized K = V cache, e.g. "dsv4-fp8"; None: q's dtype
+    extra_topk: int | None = None  # sparse: a second scope, its own indices per row
+    extra_block_size: int | None = None
+    extra_cache_layout: str | None = None
 
     def __post_init__(self):
         if self.head_dim_v is None:
@@ -42,6 +55,23 @@ class Problem:
             raise ValueError(f"shared_kv needs head_dim_v == head_dim, got {self.head_dim_v} != {self.head_dim}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"heads_q={self.heads_q} is not a multiple of heads_kv={self.heads_kv}")
+        if self.source not in ("dense", "paged", "sparse"):
+            raise ValueError(f"source: expected dense, paged or sparse, got {self.source!r}")
+        if (self.block_size is None) != (self.source == "dense"):
+            raise ValueError(f"block_size: paged and sparse sources have one, dense none; got {self.block_size} "
+                             f"for {self.source}")
+        if self.ragged and self.source != "paged":
+            raise ValueError("ragged: packed queries come with a paged source")
+        if self.source == "sparse" and self.causal:
+            raise ValueError("causal, window: the indices alone decide an index-sparse row's keys")
+        for name in ("cache_layout", "extra_cache_layout"):
+            if getattr(self, name) not in (None, *CACHE_LAYOUTS):
+                raise ValueError(f"{name}: expected one of {', '.join(CACHE_LAYOUTS)} or None, got {getattr(self, name)!r}")
+        if self.cache_layout is not None and not self.shared_kv:
+            raise ValueError("cache_layout: a quantized cache holds K = V (shared_kv=True)")
+        if (self.extra_topk is None) != (self.extra_block_size is None) or (
+                self.extra_topk is not None and self.source != "sparse"):
+            raise ValueError("extra_topk, extra_block_size: a second scope is sparse and has both")
 
     @property
     def group(self) -> int:
@@ -73,6 +103,20 @@ class Problem:
         return frozenset(used)
 
     @property
+    def sources(self) -> frozenset[str]:
+        """Where this problem's keys come from, in the capabilities' words (SOURCES)."""
+        used = {self.source}
+        if self.ragged:
+            used.add("ragged")
+        if self.extra_topk is not None:
+            used.add("two_scopes")
+        return frozenset(used)
+
+    @property
+    def cache_layouts(self) -> frozenset[str]:
+        return frozenset(layout for layout in (self.cache_layout, self.extra_cache_layout) if layout is not None)
+
+    @property
     def has_empty_rows(self) -> bool:
         """Some query row sees no key: masked and T > S (row i sits at S - T + i < 0)."""
         return self.causal and self.q_len > self.kv_len
@@ -83,7 +127,14 @@ class Problem:
         parts = [f"hd{self.head_dim}"]
         if self.head_dim_v != self.head_dim:
             parts.append(f"dv{self.head_dim_v}")
-        parts += [f"T{self.q_len}", f"S{self.kv_len}"]
+        if self.source == "sparse":
+            parts += [f"T{self.q_len}", f"topk{self.kv_len}"]
+        else:
+            parts += [f"T{self.q_len}", f"S{self.kv_len}"]
+        if self.source != "dense":
+            parts.append(f"{'ragged-' if self.ragged else ''}{self.source}{self.block_size}")
+        if self.extra_topk is not None:
+            parts.append(f"extra-topk{self.extra_topk}-block{self.extra_block_size}")
         if self.batch != 1:
             parts.append(f"B{self.batch}")
         parts.append(f"{self.layout}-h{self.heads_q}")
@@ -96,6 +147,7 @@ class Problem:
         if self.sink:
             parts.append("sink")
         parts.append(DTYPE_NAMES[self.dtype])
+        parts += [layout for layout in (self.cache_layout, self.extra_cache_layout) if layout]
         return "-".join(parts)
 
     def replace(self, **changes) -> Problem:

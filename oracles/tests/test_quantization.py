@@ -151,3 +151,9 @@ def test_the_layouts_refuse_the_wrong_shape_and_bytes():
         qz.quantize(torch.zeros(1, 2, 2, 512), DSV4_FP8)
     with pytest.raises(ValueError, match="uint8 .* got torch.float32"):
         qz.dequantize(torch.zeros(1, 1152), DSV4_FP8, 1)
+
+
+def test_the_contracts_layout_names_are_the_layouts_here():
+    from fmha.problem import CACHE_LAYOUTS
+
+    assert tuple(qz.LAYOUTS) == CACHE_LAYOUTS
