@@ -16,7 +16,7 @@ import os
 import sys
 
 from fmha import dispatch, gluon_attention, merge_torch, triton_attention
-from fmha.adapters import flex, sdpa
+from fmha.adapters import flex, paged, sdpa
 from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
 
 OURS = [
@@ -38,7 +38,7 @@ OURS = [
     ),
 ]
 
-KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES]}
+KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES, *paged.ENTRIES]}
 
 MERGES: dict[str, MergeEntry] = {
     m.name: m

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from fmha.capabilities import KernelEntry
-from fmha.oracles import reference
+from fmha.contract_sources import output_shape
+from fmha.oracles import reference, sources
 from fmha.oracles.diagnose import explain
 from fmha.oracles.metrics import measure
 from fmha.oracles.sample import Inputs, Sample
@@ -55,7 +56,7 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None)
     out = None
     if use_out:
         p = inputs.problem
-        out = poisoned((p.batch, p.q_len, p.heads_q, p.head_dim_v), p.dtype, inputs.q.device)
+        out = poisoned(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device)
         kwargs["out"] = out
     result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
     o, lse = _unpack(kernel, inputs, result)
@@ -71,17 +72,32 @@ def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, 
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
         raise AssertionError(f"{kernel.name}: expected (o, lse) with lse a tensor or None, got {type(result).__name__}")
     o, lse = result
-    expected = (p.batch, p.q_len, p.heads_q, p.head_dim_v)
+    expected = output_shape(p, total_q=inputs.q.shape[0])
     if tuple(o.shape) != expected or o.dtype != p.dtype:
         raise AssertionError(f"{kernel.name}: o should be {expected} {p.dtype}, got {tuple(o.shape)} {o.dtype}")
-    if lse is not None and tuple(lse.shape) != (p.batch, p.heads_q, p.q_len):
-        raise AssertionError(f"{kernel.name}: lse should be {(p.batch, p.heads_q, p.q_len)}, got {tuple(lse.shape)}")
+    lse_shape = (p.heads_q, expected[0]) if p.ragged else (p.batch, p.heads_q, p.q_len)
+    if lse is not None and tuple(lse.shape) != lse_shape:
+        raise AssertionError(f"{kernel.name}: lse should be {lse_shape}, got {tuple(lse.shape)}")
     return o, lse
 
 
 def oracle_of(inputs: Inputs) -> reference.Oracle:
-    """The float64 answer `inputs` are judged against."""
-    return reference.oracle(inputs.q, inputs.k, inputs.v, **inputs.kwargs())
+    """The float64 answer `inputs` are judged against (for ragged queries shaped as one
+    request of total_q rows, as `as_batch` shapes the kernel's)."""
+    if inputs.problem.source == "dense":
+        return reference.oracle(inputs.q, inputs.k, inputs.v, **inputs.kwargs())
+    call = inputs.kwargs()
+    return sources.oracle(inputs.q, inputs.oracle_sources, cu_seqlens_q=call.get("cu_seqlens_q"),
+                          scale=call["scale"], causal=call["causal"], window=call["window"], sink=call["sink"])
+
+
+def as_batch(run: Run) -> tuple:
+    """(o, lse, unwritten) in the (B, T, H, D) / (B, H, T) shapes the metrics read: ragged
+    outputs (total_q, ...) become one request of total_q rows."""
+    if not run.inputs.problem.ragged:
+        return run.o, run.lse, run.unwritten
+    add = lambda t: None if t is None else t[None]  # noqa: E731
+    return add(run.o), add(run.lse), add(run.unwritten)
 
 
 def judge_run(run: Run, oracle: reference.Oracle | None = None, kernel: KernelEntry | None = None,
@@ -90,7 +106,8 @@ def judge_run(run: Run, oracle: reference.Oracle | None = None, kernel: KernelEn
     failure the hints name the likely bug; with `kernel` they may rerun it on simpler inputs
     to find what the failure depends on."""
     oracle = oracle if oracle is not None else oracle_of(run.inputs)
-    metrics = measure(run.o, oracle.o, run.lse, oracle.lse, run.unwritten, oracle.logit_rms, oracle.o_abs,
+    o, lse, unwritten = as_batch(run)
+    metrics = measure(o, oracle.o, lse, oracle.lse, unwritten, oracle.logit_rms, oracle.o_abs,
                       logit_magnitude=oracle.logit_magnitude, underflow=oracle.underflow)
     verdict = judge(metrics, tolerance)
     if not verdict.passed:

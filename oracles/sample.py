@@ -36,6 +36,14 @@ class Sample:
     q_storage: str = "contiguous"
     k_storage: str = "contiguous"
     v_storage: str = "contiguous"  # with K is V, always k_storage
+    # Contract v2 (paged or sparse problems; fmha.oracles.paging lays them out). None: every
+    # request at the problem's maxima, and no topk_len argument.
+    kv_lens: tuple[int, ...] | None = None  # paged: each request's keys, at most problem.kv_len
+    q_lens: tuple[int, ...] | None = None  # ragged: each request's query rows, at most problem.q_len
+    topk_lens: tuple[int, ...] | None = None  # sparse: the topk_len argument
+    extra_topk_lens: tuple[int, ...] | None = None  # the second scope's
+    invalid: float = 0.0  # sparse: the share of indices that are -1
+    shared_pages: bool = False  # paged: requests share request 0's first page (its keys too)
     name: str = field(default="", compare=False)  # what about this sample matters (trap cases)
 
     def __post_init__(self):
@@ -47,6 +55,18 @@ class Sample:
                 raise ValueError(f"{which}_storage: expected one of {', '.join(STORAGES)}, got {storage!r}")
         if self.problem.shared_kv:
             object.__setattr__(self, "v_storage", self.k_storage)
+        p = self.problem
+        for name, upper, applies in (("kv_lens", p.kv_len, p.source == "paged"), ("q_lens", p.q_len, p.ragged),
+                                     ("topk_lens", p.kv_len, p.source == "sparse"),
+                                     ("extra_topk_lens", p.extra_topk, p.extra_topk is not None)):
+            lengths = getattr(self, name)
+            if lengths is None:
+                continue
+            if not applies:
+                raise ValueError(f"{name}: not a {p.source}{' ragged' if p.ragged else ''} problem's")
+            if len(lengths) != p.batch or not all(0 <= n <= upper for n in lengths):
+                raise ValueError(f"{name}: expected {p.batch} lengths in [0, {upper}], got {lengths}")
+            object.__setattr__(self, name, tuple(int(n) for n in lengths))
 
     @property
     def storages(self) -> dict[str, str]:
@@ -78,23 +98,35 @@ class Sample:
 
     def inputs(self, device="cpu", tail_fill: float = float("nan")) -> Inputs:
         """The sample's tensors on `device`; `tail_fill` is what sliced and strided storage
-        hides outside the view."""
+        hides outside the view, and what fills every cache slot no key occupies."""
         p = self.problem
         g = torch.Generator().manual_seed(self.seed)
+        q, k, v, sink = self.draw(g)
+        if p.source != "dense":
+            from fmha.oracles import paging  # paging builds on this module
+
+            return paging.inputs(self, g, q, k, v, None if sink is None else sink.to(device), device, tail_fill)
+        cast = dict(dtype=p.dtype, device=device)
+        q = lay_out(q.to(**cast), self.q_storage, tail_fill)
+        k = lay_out(k.to(**cast), self.k_storage, tail_fill)
+        v = k if p.shared_kv else lay_out(v.to(**cast), self.v_storage, tail_fill)
+        return Inputs(self, q, k, v, None if sink is None else sink.to(device))
+
+    def draw(self, g: torch.Generator, kv_len: int | None = None):
+        """float32 q (B, T, Hq, D), k (B, S, Hkv, D), v and the sink, shaped by the
+        distribution; `kv_len` instead of the problem's S (a second scope's keys)."""
+        p = self.problem
+        S = p.kv_len if kv_len is None else kv_len
         q = torch.randn(p.batch, p.q_len, p.heads_q, p.head_dim, generator=g)
-        k = torch.randn(p.batch, p.kv_len, p.heads_kv, p.head_dim, generator=g)
-        v = k if p.shared_kv else torch.randn(p.batch, p.kv_len, p.heads_kv, p.head_dim_v, generator=g)
+        k = torch.randn(p.batch, S, p.heads_kv, p.head_dim, generator=g)
+        v = k if p.shared_kv else torch.randn(p.batch, S, p.heads_kv, p.head_dim_v, generator=g)
         q, k, v = DISTRIBUTIONS[self.distribution](g, q, k, v)
         if p.shared_kv:
             v = k  # a distribution that reshapes one of them reshapes both
         elif self.distribution == "large_v" and p.dtype == torch.float16:
             v = v / 3  # stay inside fp16's range (max 65504)
-        sink = (torch.rand(p.heads_q, generator=g) * 5 - 2).to(device) if p.sink else None
-        cast = dict(dtype=p.dtype, device=device)
-        q = lay_out(q.to(**cast), self.q_storage, tail_fill)
-        k = lay_out(k.to(**cast), self.k_storage, tail_fill)
-        v = k if p.shared_kv else lay_out(v.to(**cast), self.v_storage, tail_fill)
-        return Inputs(self, q, k, v, sink)
+        sink = torch.rand(p.heads_q, generator=g) * 5 - 2 if p.sink else None
+        return q, k, v, sink
 
 
 def lay_out(t: torch.Tensor, storage: str, fill: float = float("nan"), hidden: int = 0) -> torch.Tensor:
@@ -118,13 +150,17 @@ def lay_out(t: torch.Tensor, storage: str, fill: float = float("nan"), hidden: i
 
 @dataclass
 class Inputs:
-    """A sample's tensors: the positional arguments of the contract call, and the sink."""
+    """A sample's tensors: the positional arguments of the contract call, and the sink; for
+    contract v2 the source's keyword arguments (block_table=, indices=, ...) and the float
+    sources the oracle reads (fmha.oracles.sources, quantized caches decoded)."""
 
     sample: Sample
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     sink: torch.Tensor | None
+    source_args: dict = field(default_factory=dict)
+    oracle_sources: list = field(default_factory=list)
 
     @property
     def problem(self) -> Problem:
@@ -133,7 +169,8 @@ class Inputs:
     def kwargs(self, **changes) -> dict:
         """The contract call's keyword arguments for this sample, with `changes`."""
         p = self.problem
-        return {**dict(scale=self.sample.scale, causal=p.causal, window=p.window, sink=self.sink), **changes}
+        return {**dict(scale=self.sample.scale, causal=p.causal, window=p.window, sink=self.sink), **self.source_args,
+                **changes}
 
     def with_tensors(self, **tensors) -> Inputs:
         """The same sample with other q, k, v (or sink) tensors."""

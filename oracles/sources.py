@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from fmha.oracles.reference import NEG_INF, softmax_with_sink, visibility_mask
+from fmha.oracles.reference import NEG_INF, Oracle, softmax_with_sink, visibility_mask
 
 
 def _slots(cache: torch.Tensor) -> torch.Tensor:
@@ -80,17 +80,46 @@ Source = Dense | Paged | Sparse
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float,
-           sink: torch.Tensor | None):
+           sink: torch.Tensor | None, scales: bool = False):
     """One request in float64: q (T, Hq, D); keys (T or 1, N, Hkv, D) and values (T or 1, N,
     Hkv, Dv) shared by the rows or one set per row; visible (T, N). Returns o (T, Hq, Dv) and
-    lse (Hq, T). Invisible keys and values are never read: poison there cannot leak."""
+    lse (Hq, T), and with `scales` what the verdict measures against (`Oracle`'s fields, per
+    request). Invisible keys and values are never read: poison there cannot leak."""
     group = q.shape[1] // keys.shape[2]
-    keys = keys.double().repeat_interleave(group, dim=2).expand(q.shape[0], -1, -1, -1)
-    values = values.double().repeat_interleave(group, dim=2).expand(q.shape[0], -1, -1, -1)
-    values = torch.where(visible[..., None, None], values, 0.0)
-    scores = torch.einsum("thd,tnhd->htn", q.double(), torch.where(visible[..., None, None], keys, 0.0)) * scale
+    rows = visible[..., None, None]
+    keys = torch.where(rows, keys.double().repeat_interleave(group, dim=2).expand(q.shape[0], -1, -1, -1), 0.0)
+    values = torch.where(rows, values.double().repeat_interleave(group, dim=2).expand(q.shape[0], -1, -1, -1), 0.0)
+    scores = torch.einsum("thd,tnhd->htn", q.double(), keys) * scale
     weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF)[None], sink)
-    return torch.einsum("htn,tnhd->thd", weights[0], values), lse[0]
+    o = torch.einsum("htn,tnhd->thd", weights[0], values)
+    if not scales:
+        return o, lse[0]
+    visible_scores = scores.masked_select(visible.expand_as(scores))
+    key_norm = keys.norm(dim=-1).amax(dim=1).T if keys.shape[1] else keys.new_zeros(q.shape[1], q.shape[0])
+    return dict(o=o, lse=lse[0], o_abs=torch.einsum("htn,tnhd->thd", weights[0], values.abs()),
+                squares=float(visible_scores.square().sum()), count=visible_scores.numel(),
+                logit_magnitude=scale * q.double().norm(dim=-1).T * key_norm,
+                underflow=torch.finfo(torch.float32).tiny * torch.einsum("tn,tnhd->thd", visible.double(), values.abs()))
+
+
+def _requests(q, cu_seqlens_q):
+    if cu_seqlens_q is None:
+        return [q[b] for b in range(q.shape[0])]
+    bounds = cu_seqlens_q.tolist()
+    return [q[start:end] for start, end in zip(bounds, bounds[1:])]
+
+
+def _gather(sources, b: int, q_b: torch.Tensor, causal: bool, window: int | None):
+    """Request b's keys, values and visibility over every source, in one key axis."""
+    parts = [source.rows(b, q_b.shape[0], causal, window) for source in sources]
+    rows = q_b.shape[0]
+    keys = torch.cat([k.expand(rows, -1, -1, -1) for k, _, _ in parts], dim=1)
+    values = torch.cat([v.expand(rows, -1, -1, -1) for _, v, _ in parts], dim=1)
+    return keys, values, torch.cat([m for _, _, m in parts], dim=1)
+
+
+def _stack(per_request: list, ragged: bool, dim_of_rows: int):
+    return torch.cat(per_request, dim=dim_of_rows) if ragged else torch.stack(per_request)
 
 
 def attention(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
@@ -102,21 +131,57 @@ def attention(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch
     `cu_seqlens_q` (B + 1,) gives o (total_q, Hq, Dv) and lse (Hq, total_q), FlashAttention's
     varlen convention. A row with no visible key: o = 0, lse = -inf (the sink with one)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if cu_seqlens_q is None:
-        requests = [q[b] for b in range(q.shape[0])]
-    else:
-        bounds = cu_seqlens_q.tolist()
-        requests = [q[start:end] for start, end in zip(bounds, bounds[1:])]
-    outputs, lses = [], []
-    for b, q_b in enumerate(requests):
-        parts = [source.rows(b, q_b.shape[0], causal, window) for source in sources]
-        rows = q_b.shape[0]
-        keys = torch.cat([k.expand(rows, -1, -1, -1) for k, _, _ in parts], dim=1)
-        values = torch.cat([v.expand(rows, -1, -1, -1) for _, v, _ in parts], dim=1)
-        visible = torch.cat([m for _, _, m in parts], dim=1)
-        o_b, lse_b = attend(q_b, keys, values, visible, scale, sink)
-        outputs.append(o_b)
-        lses.append(lse_b)
-    if cu_seqlens_q is None:
-        return torch.stack(outputs), torch.stack(lses)
-    return torch.cat(outputs), torch.cat(lses, dim=1)
+    results = [attend(q_b, *_gather(sources, b, q_b, causal, window), scale, sink)
+               for b, q_b in enumerate(_requests(q, cu_seqlens_q))]
+    ragged = cu_seqlens_q is not None
+    return _stack([o for o, _ in results], ragged, 0), _stack([lse for _, lse in results], ragged, 1)
+
+
+def oracle(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
+           scale: float | None = None, causal: bool = False, window: int | None = None,
+           sink: torch.Tensor | None = None) -> Oracle:
+    """`attention` and what the verdict needs beside it (reference.Oracle), in one pass. For
+    ragged queries the tensors are shaped as one request of total_q rows: o (1, total_q, Hq,
+    Dv), lse (1, Hq, total_q)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    parts = [attend(q_b, *_gather(sources, b, q_b, causal, window), scale, sink, scales=True)
+             for b, q_b in enumerate(_requests(q, cu_seqlens_q))]
+    ragged = cu_seqlens_q is not None
+    rows = lambda name: _stack([p[name] for p in parts], ragged, 0)  # noqa: E731
+    heads = lambda name: _stack([p[name] for p in parts], ragged, 1)  # noqa: E731
+    count = sum(p["count"] for p in parts)
+    logit_rms = (sum(p["squares"] for p in parts) / count) ** 0.5 if count else 0.0
+    shape = (lambda t: t[None]) if ragged else (lambda t: t)
+    return Oracle(o=shape(rows("o")), lse=shape(heads("lse")), o_abs=shape(rows("o_abs")), logit_rms=logit_rms,
+                  logit_magnitude=shape(heads("logit_magnitude")), underflow=shape(rows("underflow")))
+
+
+def from_call(k, v, *, block_table=None, kv_lens=None, indices=None, topk_len=None, extra_k_cache=None,
+              extra_indices=None, extra_topk_len=None, cache_layout=None, extra_cache_layout=None,
+              **_) -> list[Source]:
+    """The sources a contract call names (its k, v and source keyword arguments), quantized
+    caches decoded exactly."""
+    if block_table is not None:
+        k_values = _decoded(k, cache_layout)
+        return [Paged(k_values, k_values if v is k else v, block_table, kv_lens)]
+    if indices is None:
+        return [Dense(k, v)]
+    k_values = _decoded(k, cache_layout)
+    scopes = [Sparse(k_values, k_values if v is k else v, indices, topk_len)]
+    if extra_k_cache is not None:
+        extra = _decoded(extra_k_cache, extra_cache_layout)
+        scopes.append(Sparse(extra, extra, extra_indices, extra_topk_len))
+    return scopes
+
+
+def _decoded(cache: torch.Tensor, layout: str | None) -> torch.Tensor:
+    """A (num_blocks, block_size, 1, token_bytes) byte view of a quantized cache -> float64
+    (num_blocks, block_size, 1, head_dim); any other cache as it is."""
+    if layout is None:
+        return cache
+    from fmha.oracles.quantization import LAYOUTS, dequantize
+
+    spec = LAYOUTS[layout]
+    num_blocks, block_size = cache.shape[:2]
+    pages = cache.as_strided((num_blocks, block_size * spec.token_bytes), (cache.stride(0), 1))
+    return dequantize(pages, spec, block_size)

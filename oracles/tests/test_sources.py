@@ -133,3 +133,24 @@ def test_paged_and_sparse_over_the_same_keys_equal_the_dense_oracle():
     for got in ((o_paged, lse_paged), (o_sparse, lse_sparse)):
         torch.testing.assert_close(got[0], o, **F64)
         torch.testing.assert_close(got[1], lse, **F64)
+
+
+def test_the_oracles_scales_over_pages_equal_the_dense_oracles():
+    """Everything the verdict measures against (o over |v|, the logits' RMS and magnitude,
+    the underflow allowance) is the dense oracle's when the pages hold the dense keys."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 4, 8, dtype=torch.float64, generator=g)
+    k = torch.randn(2, 6, 2, 8, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 6, 2, 5, dtype=torch.float64, generator=g)
+    sink = torch.randn(4, dtype=torch.float64, generator=g)
+    dense = reference.oracle(q, k, v, sink=sink, scale=0.3)
+    table = torch.tensor([[1, 0, 2], [4, 5, 3]], dtype=torch.int32)  # pages of 2: request b, keys 2i, 2i+1
+    k_cache, v_cache = torch.empty(6, 2, 2, 8, dtype=torch.float64), torch.empty(6, 2, 2, 5, dtype=torch.float64)
+    for b in range(2):
+        for i in range(3):
+            k_cache[table[b, i]], v_cache[table[b, i]] = k[b, 2 * i:2 * i + 2], v[b, 2 * i:2 * i + 2]
+    paged = sources.oracle(q, [sources.Paged(k_cache, v_cache, table, torch.tensor([6, 6], dtype=torch.int32))],
+                           sink=sink, scale=0.3)
+    for name in ("o", "lse", "o_abs", "logit_magnitude", "underflow"):
+        torch.testing.assert_close(getattr(paged, name), getattr(dense, name), **F64, msg=name)
+    assert paged.logit_rms == pytest.approx(dense.logit_rms, rel=1e-12)

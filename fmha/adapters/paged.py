@@ -1,0 +1,74 @@
+"""Kernels for contract v2's sources that are not fused kernels, for the laws, traps and
+users' comparisons:
+
+- `reference`: the float64 oracle over the call's sources, rounded to q's dtype: the
+  contract's answer as a kernel, the correct kernel every v2 law and trap must pass;
+- `sdpa-paged`: what a user without a paged kernel does: gather each request's keys out of
+  the pages, then SDPA (math backend) on them, one request at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fmha.adapters import sdpa
+from fmha.capabilities import Capabilities, KernelEntry
+from fmha.contract import check_attention_args
+from fmha.oracles import sources
+from fmha.problem import CACHE_LAYOUTS, SOURCES
+
+REFERENCE = Capabilities(sources=frozenset(SOURCES), cache_layouts=frozenset(CACHE_LAYOUTS),
+                         promises=frozenset({"bitwise_deterministic", "batch_invariant"}))
+
+
+def reference(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, **source_args):
+    check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
+                         capabilities=REFERENCE, **source_args)
+    o, lse = sources.attention(q, sources.from_call(k, v, **source_args), cu_seqlens_q=source_args.get("cu_seqlens_q"),
+                               scale=scale, causal=causal, window=window, sink=sink)
+    o = o.to(q.dtype)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o, lse.float()
+
+
+SDPA_PAGED = Capabilities(
+    sources=frozenset({"dense", "paged", "ragged"}),
+    features=sdpa.KERNELS_BY_NAME["sdpa-math"].capabilities.features,
+    notes={**sdpa.KERNELS_BY_NAME["sdpa-math"].capabilities.notes,
+           "sparse": "a gather per query row is not what this adapter does"},
+)
+
+
+def sdpa_paged(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, block_table=None,
+               kv_lens=None, cu_seqlens_q=None):
+    p = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
+                             block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
+                             capabilities=SDPA_PAGED)
+    if p.source == "dense":
+        return sdpa.KERNELS_BY_NAME["sdpa-math"].fn(q, k, v, scale=scale, causal=causal, window=window)
+    math_sdpa = sdpa.KERNELS_BY_NAME["sdpa-math"].fn
+    bounds = cu_seqlens_q.tolist() if cu_seqlens_q is not None else None
+    outputs = []
+    for b in range(p.batch):
+        q_b = q[b] if bounds is None else q[bounds[b]:bounds[b + 1]]
+        n = int(kv_lens[b])
+        if n == 0 or q_b.shape[0] == 0:
+            outputs.append(q.new_zeros(q_b.shape[0], p.heads_q, p.head_dim_v))
+            continue
+        j = torch.arange(n, device=q.device)
+        slots = block_table[b].long()[j // p.block_size] * p.block_size + j % p.block_size
+        k_b, v_b = k.flatten(0, 1)[slots], v.flatten(0, 1)[slots]
+        outputs.append(math_sdpa(q_b[None], k_b[None], v_b[None] if v is not k else k_b[None], scale=scale,
+                                 causal=causal, window=window)[0][0])
+    return (torch.stack(outputs) if bounds is None else torch.cat(outputs)), None
+
+
+ENTRIES = [
+    KernelEntry(name="reference", fn=reference, capabilities=REFERENCE, default_devices=(),
+                description="the float64 oracle over the call's sources, rounded to q's dtype (contract v2's "
+                            "correct kernel)"),
+    KernelEntry(name="sdpa-paged", fn=sdpa_paged, capabilities=SDPA_PAGED, default_devices=(),
+                description="gather each request's pages, then torch SDPA (math backend) per request"),
+]

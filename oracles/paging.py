@@ -1,0 +1,155 @@
+"""Lay a sample's keys out as contract v2 calls them: pages and block tables, packed queries,
+index lists over cache slots, quantized caches.
+
+The values are the sample's dense draw (`Sample.draw`), so a paged or sparse sample holds the
+keys a dense one would; where they go is decided by the sample's seed. Every cache slot that
+no request reads, every block-table entry past a request's pages (pointed at a page of
+poison) and every quantized byte of an unread token holds poison: NaN (the NaN codes of the
+quantized formats), or what the caller passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fmha.oracles import quantization, sources
+from fmha.oracles.sample import Inputs, Sample
+
+NAN_BYTES = {"e4m3fn": 0x7F, "e2m1": 0x0}  # e2m1 has no NaN: its tile scale carries it (0xFF)
+BF16_NAN = torch.tensor([float("nan")], dtype=torch.bfloat16).view(torch.uint8)
+
+
+def inputs(sample: Sample, g: torch.Generator, q, k, v, sink, device, fill: float) -> Inputs:
+    if sample.problem.source == "paged":
+        return _paged(sample, g, q, k, v, sink, device, fill)
+    return _sparse(sample, g, q, k, sink, device, fill)
+
+
+def _int32(values, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
+    p = sample.problem
+    B, bs = p.batch, p.block_size
+    kv_lens = sample.kv_lens or (p.kv_len,) * B
+    if sample.shared_pages and kv_lens[0] >= bs:
+        for b in range(1, B):  # a shared prefix: the same keys in one physical page
+            if kv_lens[b] >= bs:
+                k[b, :bs] = k[0, :bs]
+                if v is not k:
+                    v[b, :bs] = v[0, :bs]
+    pages_of = [math.ceil(n / bs) for n in kv_lens]
+    shared = sample.shared_pages and kv_lens[0] >= bs
+    own = [n - (1 if shared and b and kv_lens[b] >= bs else 0) for b, n in enumerate(pages_of)]
+    num_blocks = sum(own) + 1  # the last physical page (in shuffled order) is poison only
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    spare, order = order[-1], iter(order[:-1])
+    max_blocks = max(pages_of, default=0) + 1  # one entry past the longest request: poison
+    table = [[spare] * max_blocks for _ in range(B)]
+    for b in range(B):
+        for i in range(pages_of[b]):
+            table[b][i] = table[0][0] if shared and b and i == 0 and kv_lens[b] >= bs else next(order)
+    cast = dict(dtype=p.dtype, device=device)
+    k_cache = _scatter(k, table, kv_lens, bs, num_blocks, fill, cast)
+    v_cache = k_cache if v is k else _scatter(v, table, kv_lens, bs, num_blocks, fill, cast)
+    args = dict(block_table=_int32(table, device), kv_lens=_int32(kv_lens, device))
+    q = q.to(**cast)
+    if p.ragged:
+        q_lens = sample.q_lens or (p.q_len,) * B
+        q = torch.cat([q[b, :n] for b, n in enumerate(q_lens)])
+        args["cu_seqlens_q"] = _int32([0, *torch.tensor(q_lens).cumsum(0).tolist()], device)
+    k_call, oracle_k = _quantized(k_cache, p.cache_layout, _read(table, kv_lens, bs))
+    v_call, oracle_v = (k_call, oracle_k) if v_cache is k_cache else (v_cache, v_cache)
+    args["cache_layout"] = p.cache_layout
+    oracle = sources.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
+    return Inputs(sample, q, k_call, v_call, sink, _given(args), [oracle])
+
+
+def _read(table, kv_lens, block_size) -> set[tuple[int, int]]:
+    """The (page, offset) slots a paged call reads."""
+    return {(table[b][j // block_size], j % block_size) for b, n in enumerate(kv_lens) for j in range(n)}
+
+
+def _scatter(x, table, kv_lens, block_size, num_blocks, fill, cast) -> torch.Tensor:
+    """Dense (B, S, H, D) keys into (num_blocks, block_size, H, D) pages per the block table."""
+    cache = torch.full((num_blocks, block_size, *x.shape[2:]), fill, **cast)
+    for b, n in enumerate(kv_lens):
+        for j in range(n):
+            cache[table[b][j // block_size], j % block_size] = x[b, j].to(**cast)
+    return cache
+
+
+def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
+    """Each request's keys in slots of one shared cache (K = V: DeepSeek-V4's one latent
+    cache); each query row reads its request's keys in an order of its own, `invalid` of them
+    replaced by -1. A second scope draws keys of its own."""
+    p = sample.problem
+    if not p.shared_kv:
+        raise ValueError("a sparse sample holds K = V (DeepSeek-V4's one latent cache): problem.shared_kv")
+    cast = dict(dtype=p.dtype, device=device)
+    args, oracle = _scope(sample, g, k, p.block_size, sample.topk_lens, p.cache_layout, fill, cast, "")
+    if p.extra_topk is not None:
+        extra_k = sample.draw(g, kv_len=p.extra_topk)[1]
+        extra_args, extra_oracle = _scope(sample, g, extra_k, p.extra_block_size, sample.extra_topk_lens,
+                                          p.extra_cache_layout, fill, cast, "extra_")
+        args |= extra_args
+        oracle += extra_oracle
+    cache = args.pop("k_cache")
+    return Inputs(sample, q.to(**cast), cache, cache, sink, _given(args), oracle)
+
+
+def _scope(sample, g, k, block_size, topk_lens, layout, fill, cast, prefix):
+    """One scope's call arguments and its oracle source."""
+    p = sample.problem
+    B, topk = k.shape[:2]
+    T = p.q_len
+    num_blocks = math.ceil((B * topk + 1) / block_size)  # at least one slot of poison
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:B * topk].view(B, topk)
+    cache = torch.full((num_blocks * block_size, *k.shape[2:]), fill, **cast)
+    cache[slots.flatten()] = k.flatten(0, 1).to(**cast)
+    cache = cache.view(num_blocks, block_size, *k.shape[2:])
+    order = torch.stack([torch.stack([torch.randperm(topk, generator=g) for _ in range(T)]) for _ in range(B)])
+    indices = torch.gather(slots[:, None, :].expand(B, T, topk), 2, order) if topk else slots.new_zeros(B, T, 0)
+    if sample.invalid:
+        indices[torch.rand(indices.shape, generator=g) < sample.invalid] = -1
+    indices = indices.to(torch.int32).to(cast["device"])
+    topk_len = None if topk_lens is None else torch.tensor(topk_lens, dtype=torch.int32, device=cast["device"])
+    read = {int(s) for s in slots.flatten()}
+    k_call, oracle_cache = _quantized(cache, layout, {(s // block_size, s % block_size) for s in read})
+    args = {f"{prefix}k_cache": k_call, f"{prefix}indices": indices, f"{prefix}topk_len": topk_len,
+            f"{prefix}cache_layout": layout}
+    return args, [sources.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
+
+
+def _quantized(cache: torch.Tensor, layout: str | None, read: set[tuple[int, int]]):
+    """The cache as the call passes it and as the oracle reads it: the same tensor, or the
+    layout's bytes (num_blocks, block_size, 1, token_bytes) and their exact float64 values.
+    Unread tokens' bytes are NaN codes."""
+    if layout is None:
+        return cache, cache
+    spec = quantization.LAYOUTS[layout]
+    num_blocks, block_size = cache.shape[:2]
+    clean = torch.where(torch.isfinite(cache), cache, 0.0).double()
+    # Tiles of different magnitudes (x 1/4 to x 4), as a real latent cache has: with one
+    # magnitude everywhere every tile gets the same scale, and a kernel applying the wrong
+    # tile's scale would pass.
+    magnitudes = 2.0 ** (torch.arange(spec.tiles, dtype=torch.float64, device=cache.device) % 5 - 2)
+    clean[..., :spec.quantized_dims] *= magnitudes.repeat_interleave(spec.tile)
+    pages = quantization.quantize(clean, spec)
+    for block in range(num_blocks):
+        for offset in range(block_size):
+            if (block, offset) not in read:
+                start, rope = offset * spec.data_bytes, (offset + 1) * spec.data_bytes - 2 * spec.rope_dims
+                pages[block, start:rope] = NAN_BYTES[spec.element.name]
+                pages[block, rope:rope + 2 * spec.rope_dims] = BF16_NAN.repeat(spec.rope_dims)
+                scale_start = block_size * spec.data_bytes + offset * spec.scale_bytes
+                pages[block, scale_start:scale_start + spec.tiles] = 0xFF
+    call = pages[:, :block_size * spec.token_bytes].view(num_blocks, block_size, 1, spec.token_bytes)
+    return call, quantization.dequantize(pages, spec, block_size)
+
+
+def _given(args: dict) -> dict:
+    return {name: value for name, value in args.items() if value is not None}
