@@ -68,18 +68,18 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     return Inputs(sample, q, k_call, v_call, sink, _given(args), [oracle])
 
 
-def _read(table, kv_lens, block_size) -> set[tuple[int, int]]:
-    """The (page, offset) slots a paged call reads."""
-    return {(table[b][j // block_size], j % block_size) for b, n in enumerate(kv_lens) for j in range(n)}
+def _read(table, kv_lens, block_size) -> torch.Tensor:
+    """The flat slots (page * block_size + offset) a paged call reads, request by request."""
+    return torch.cat([torch.tensor(table[b], dtype=torch.long)[torch.arange(n) // block_size] * block_size
+                      + torch.arange(n) % block_size for b, n in enumerate(kv_lens)] or [torch.zeros(0, dtype=torch.long)])
 
 
 def _scatter(x, table, kv_lens, block_size, num_blocks, fill, cast) -> torch.Tensor:
     """Dense (B, S, H, D) keys into (num_blocks, block_size, H, D) pages per the block table."""
-    cache = torch.full((num_blocks, block_size, *x.shape[2:]), fill, **cast)
-    for b, n in enumerate(kv_lens):
-        for j in range(n):
-            cache[table[b][j // block_size], j % block_size] = x[b, j].to(**cast)
-    return cache
+    cache = torch.full((num_blocks * block_size, *x.shape[2:]), fill, **cast)
+    cache[_read(table, kv_lens, block_size).to(cast["device"])] = torch.cat(
+        [x[b, :n] for b, n in enumerate(kv_lens)]).to(**cast)
+    return cache.view(num_blocks, block_size, *x.shape[2:])
 
 
 def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
@@ -90,10 +90,10 @@ def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
     if not p.shared_kv:
         raise ValueError("a sparse sample holds K = V (DeepSeek-V4's one latent cache): problem.shared_kv")
     cast = dict(dtype=p.dtype, device=device)
-    args, oracle = _scope(sample, g, k, p.block_size, sample.topk_lens, p.cache_layout, fill, cast, "")
-    if p.extra_topk is not None:
-        extra_k = sample.draw(g, kv_len=p.extra_topk)[1]
-        extra_args, extra_oracle = _scope(sample, g, extra_k, p.extra_block_size, sample.extra_topk_lens,
+    extra_k = sample.draw(g, kv_len=p.extra_topk)[1] if p.extra_topk is not None else None
+    args, oracle = _scope(sample, g, 1, k, p.block_size, sample.topk_lens, p.cache_layout, fill, cast, "")
+    if extra_k is not None:
+        extra_args, extra_oracle = _scope(sample, g, 2, extra_k, p.extra_block_size, sample.extra_topk_lens,
                                           p.extra_cache_layout, fill, cast, "extra_")
         args |= extra_args
         oracle += extra_oracle
@@ -101,8 +101,9 @@ def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
     return Inputs(sample, q.to(**cast), cache, cache, sink, _given(args), oracle)
 
 
-def _scope(sample, g, k, block_size, topk_lens, layout, fill, cast, prefix):
-    """One scope's call arguments and its oracle source."""
+def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, prefix):
+    """One scope's call arguments and its oracle source. Which keys a row reads, in which
+    order, and which are -1 come from a generator of their own: the same in any block size."""
     p = sample.problem
     B, topk = k.shape[:2]
     T = p.q_len
@@ -111,23 +112,23 @@ def _scope(sample, g, k, block_size, topk_lens, layout, fill, cast, prefix):
     cache = torch.full((num_blocks * block_size, *k.shape[2:]), fill, **cast)
     cache[slots.flatten()] = k.flatten(0, 1).to(**cast)
     cache = cache.view(num_blocks, block_size, *k.shape[2:])
-    order = torch.stack([torch.stack([torch.randperm(topk, generator=g) for _ in range(T)]) for _ in range(B)])
+    rows = torch.Generator().manual_seed(sample.seed * 8 + scope)
+    order = torch.stack([torch.stack([torch.randperm(topk, generator=rows) for _ in range(T)]) for _ in range(B)])
     indices = torch.gather(slots[:, None, :].expand(B, T, topk), 2, order) if topk else slots.new_zeros(B, T, 0)
     if sample.invalid:
-        indices[torch.rand(indices.shape, generator=g) < sample.invalid] = -1
+        indices[torch.rand(indices.shape, generator=rows) < sample.invalid] = -1
     indices = indices.to(torch.int32).to(cast["device"])
     topk_len = None if topk_lens is None else torch.tensor(topk_lens, dtype=torch.int32, device=cast["device"])
-    read = {int(s) for s in slots.flatten()}
-    k_call, oracle_cache = _quantized(cache, layout, {(s // block_size, s % block_size) for s in read})
+    k_call, oracle_cache = _quantized(cache, layout, slots.flatten())
     args = {f"{prefix}k_cache": k_call, f"{prefix}indices": indices, f"{prefix}topk_len": topk_len,
             f"{prefix}cache_layout": layout}
     return args, [sources.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
 
 
-def _quantized(cache: torch.Tensor, layout: str | None, read: set[tuple[int, int]]):
+def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor):
     """The cache as the call passes it and as the oracle reads it: the same tensor, or the
     layout's bytes (num_blocks, block_size, 1, token_bytes) and their exact float64 values.
-    Unread tokens' bytes are NaN codes."""
+    The bytes of tokens outside `read` (flat slots) are NaN codes."""
     if layout is None:
         return cache, cache
     spec = quantization.LAYOUTS[layout]
@@ -139,14 +140,16 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: set[tuple[int, int
     magnitudes = 2.0 ** (torch.arange(spec.tiles, dtype=torch.float64, device=cache.device) % 5 - 2)
     clean[..., :spec.quantized_dims] *= magnitudes.repeat_interleave(spec.tile)
     pages = quantization.quantize(clean, spec)
-    for block in range(num_blocks):
-        for offset in range(block_size):
-            if (block, offset) not in read:
-                start, rope = offset * spec.data_bytes, (offset + 1) * spec.data_bytes - 2 * spec.rope_dims
-                pages[block, start:rope] = NAN_BYTES[spec.element.name]
-                pages[block, rope:rope + 2 * spec.rope_dims] = BF16_NAN.repeat(spec.rope_dims)
-                scale_start = block_size * spec.data_bytes + offset * spec.scale_bytes
-                pages[block, scale_start:scale_start + spec.tiles] = 0xFF
+    unread = torch.ones(num_blocks * block_size, dtype=torch.bool, device=cache.device)
+    unread[read.to(cache.device)] = False
+    unread = unread.view(num_blocks, block_size)
+    data = pages[:, :block_size * spec.data_bytes].view(num_blocks, block_size, spec.data_bytes)
+    rope = spec.data_bytes - 2 * spec.rope_dims
+    data[..., :rope] = torch.where(unread[..., None], NAN_BYTES[spec.element.name], data[..., :rope])
+    data[..., rope:] = torch.where(unread[..., None], BF16_NAN.repeat(spec.rope_dims).to(cache.device), data[..., rope:])
+    scales = pages[:, block_size * spec.data_bytes:block_size * spec.token_bytes].view(num_blocks, block_size,
+                                                                                       spec.scale_bytes)
+    scales[..., :spec.tiles] = torch.where(unread[..., None], 0xFF, scales[..., :spec.tiles])
     call = pages[:, :block_size * spec.token_bytes].view(num_blocks, block_size, 1, spec.token_bytes)
     return call, quantization.dequantize(pages, spec, block_size)
 

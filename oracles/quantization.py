@@ -79,21 +79,22 @@ def decode(codes: torch.Tensor, element: Element) -> torch.Tensor:
 
 def encode(x: torch.Tensor, element: Element) -> torch.Tensor:
     """The code of the nearest value to each element of `x` (int64), ties to the even code;
-    magnitudes past the largest value saturate to it. Non-finite input is refused."""
+    magnitudes past the largest value saturate to it; -0.0 encodes as +0. Non-finite input is
+    refused."""
     x = x.double()
     if not torch.isfinite(x).all():
         raise ValueError(f"encode: {element.name} of non-finite values ({int((~torch.isfinite(x)).sum())} of them)")
-    table = element.table.to(x.device)
-    codes = torch.arange(table.numel(), device=x.device)
-    # One code per value: +0 not -0, no NaN codes.
-    usable = ~torch.isnan(table) & ~((table == 0) & (codes != 0))
-    values, codes = table[usable], codes[usable]
-    x = x.clamp(-element.largest, element.largest)
-    distance = (x[..., None] - values).abs()
-    nearest = distance.min(dim=-1, keepdim=True).values
-    # Among the nearest (one, or two on a tie), the even code; -0.0 encodes as +0.
-    candidates = torch.where(distance == nearest, codes % 2, 2)
-    return codes[candidates.argmin(dim=-1)]
+    # The positive codes 0 .. 2^(bits-1) - 1 hold ascending magnitudes (the NaN codes last).
+    magnitudes = element.table.to(x.device)[:2 ** (element.bits - 1)]
+    magnitudes = magnitudes[~torch.isnan(magnitudes)]
+    size = x.abs().clamp(max=element.largest)
+    above = torch.searchsorted(magnitudes, size).clamp(1, len(magnitudes) - 1)  # magnitudes[above - 1] <= size
+    below = above - 1
+    to_below, to_above = size - magnitudes[below], magnitudes[above] - size
+    # The nearer neighbour; on a tie the even code (the code's last bit is the mantissa's).
+    code = torch.where((to_below < to_above) | ((to_below == to_above) & (below % 2 == 0)), below, above)
+    sign = (x < 0) & (code != 0)
+    return code | (sign.long() << (element.bits - 1))
 
 
 def pow2_scale(amax: torch.Tensor, element: Element) -> torch.Tensor:

@@ -1,0 +1,216 @@
+"""Metamorphic laws of contract v2's sources (paged, ragged, index-sparse, two scopes).
+
+Each takes (kernel, sample, device) like the laws of `laws.py`, and holds bitwise where the
+kernel promises it (`bitwise_deterministic`, `batch_invariant`), within the verdict
+otherwise. Outputs of ragged calls are compared as one request of total_q rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import assume
+
+from fmha.oracles import reference
+from fmha.oracles.check import oracle_of
+from fmha.oracles.sample import Inputs, Sample
+from fmha.properties.laws import _variant, assert_agrees, assert_same
+
+NAN = float("nan")
+
+
+def _run(kernel, x: Inputs, **changes):
+    """The kernel on x's call with `changes` to its tensors or arguments; (o, lse) in batch
+    shapes (a ragged call as one request)."""
+    args = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs()}
+    args.update(changes)
+    o, lse = kernel(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+    if x.problem.ragged:
+        return o[None], None if lse is None else lse[None]
+    return o, lse
+
+
+def _pages(cache: torch.Tensor) -> torch.Tensor:
+    """A cache as one row per physical page: (num_blocks, block_size, H, D) as it is; a
+    quantized byte view (num_blocks, block_size, 1, token_bytes) as its whole padded pages."""
+    if cache.dtype != torch.uint8:
+        return cache
+    return cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
+
+
+def _reordered(cache: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """The cache with physical page `inverse[i]` moved to position i."""
+    moved = _pages(cache)[inverse].contiguous()
+    if cache.dtype != torch.uint8:
+        return moved
+    return moved[:, :cache.shape[1] * cache.shape[3]].view(cache.shape)
+
+
+def _moved_slots(indices: torch.Tensor, perm: torch.Tensor, block_size: int) -> torch.Tensor:
+    slots = indices.long().clamp(min=0)
+    moved = perm[slots // block_size] * block_size + slots % block_size
+    return torch.where(indices < 0, -1, moved).to(torch.int32)
+
+
+def pages_permuted_change_nothing(kernel, sample: Sample, device):
+    """Moving physical pages (and pointing the block table or the indices at their new
+    places) changes nothing: the same keys are read."""
+    p = sample.problem
+    x = sample.inputs(device)
+    g = torch.Generator().manual_seed(sample.seed + 1)
+    perm = torch.randperm(x.k.shape[0], generator=g).to(device)  # old page i goes to perm[i]
+    inverse = torch.argsort(perm)
+    changes = dict(k=_reordered(x.k, inverse))
+    changes["v"] = changes["k"] if x.v is x.k else _reordered(x.v, inverse)
+    if p.source == "paged":
+        changes["block_table"] = perm[x.source_args["block_table"].long()].to(torch.int32)
+    else:
+        changes["indices"] = _moved_slots(x.source_args["indices"], perm, p.block_size)
+    extra = x.source_args.get("extra_k_cache")
+    if extra is not None:
+        extra_perm = torch.randperm(extra.shape[0], generator=g).to(device)
+        changes["extra_k_cache"] = _reordered(extra, torch.argsort(extra_perm))
+        changes["extra_indices"] = _moved_slots(x.source_args["extra_indices"], extra_perm, p.extra_block_size)
+    assert_same(kernel, device, "bitwise_deterministic", _run(kernel, x, **changes), _run(kernel, x),
+                f"{kernel.name} {sample.id}: physical pages moved", x)
+
+
+def unread_storage_leaks_nothing(kernel, sample: Sample, device):
+    """Every slot, page and byte nothing reads holds NaN, then a huge finite value: the
+    output is the same and finite."""
+    x = sample.inputs(device)
+    huge = sample.inputs(device, tail_fill=1e30 if sample.problem.dtype == torch.float32 else 6e4)
+    assert_same(kernel, device, "bitwise_deterministic", _run(kernel, x), _run(kernel, huge),
+                f"{kernel.name} {sample.id}: unread storage NaN vs huge", x)
+
+
+def an_invalid_index_equals_its_absence(kernel, sample: Sample, device):
+    """Indices of -1 appended to every row, and entries past topk_len replaced by -1, change
+    nothing."""
+    assume(sample.problem.source == "sparse")
+    x = sample.inputs(device)
+    padded = {}
+    for name, lengths in (("indices", "topk_len"), ("extra_indices", "extra_topk_len")):
+        indices = x.source_args.get(name)
+        if indices is None:
+            continue
+        pad = torch.full((*indices.shape[:2], 3), -1, dtype=torch.int32, device=device)
+        padded[name] = torch.cat([indices, pad], dim=-1)
+        if lengths in x.source_args:  # entries past topk_len are never read: -1 there too
+            past = torch.arange(padded[name].shape[-1], device=device) >= x.source_args[lengths].view(-1, 1, 1)
+            padded[name] = padded[name].masked_fill(past, -1)
+    assert_same(kernel, device, "bitwise_deterministic", _run(kernel, x, **padded), _run(kernel, x),
+                f"{kernel.name} {sample.id}: -1 appended (and past topk_len)", x)
+
+
+def a_request_alone_equals_its_rows_in_the_batch(kernel, sample: Sample, device):
+    """A paged request called alone gives the rows it has in the batch (ragged too)."""
+    p = sample.problem
+    assume(p.source == "paged" and p.batch > 1)
+    x = sample.inputs(device)
+    o, lse = _run(kernel, x)
+    r = sample.seed % p.batch
+    alone = dict(block_table=x.source_args["block_table"][r:r + 1], kv_lens=x.source_args["kv_lens"][r:r + 1])
+    if p.ragged:
+        start, end = x.source_args["cu_seqlens_q"][r:r + 2].tolist()
+        alone |= dict(q=x.q[start:end], cu_seqlens_q=torch.tensor([0, end - start], dtype=torch.int32, device=device))
+        rows = (o[:, start:end], None if lse is None else lse[..., start:end])
+    else:
+        alone["q"] = x.q[r:r + 1]
+        rows = (o[r:r + 1], None if lse is None else lse[r:r + 1])
+    assert_same(kernel, device, "batch_invariant", _run(kernel, x, **alone), rows,
+                f"{kernel.name} {sample.id}: request {r} alone", _alone_inputs(x, r, alone))
+
+
+def _alone_inputs(x: Inputs, r: int, alone: dict) -> Inputs:
+    """Inputs whose oracle is request r's (for the verdict when nothing is promised)."""
+    from fmha.oracles import sources
+
+    source = x.oracle_sources[0]
+    one = sources.Paged(source.k_cache, source.v_cache, alone["block_table"], alone["kv_lens"])
+    sample = x.sample.replace(batch=1, kv_lens=None, q_lens=None)
+    args = {**x.source_args, **{name: value for name, value in alone.items() if name != "q"}}
+    return Inputs(sample, alone["q"], x.k, x.v, x.sink, args, [one])
+
+
+def two_scopes_equal_the_merge_of_each(kernel, sample: Sample, device):
+    """One softmax over both scopes with the sink equals the D5 merge, with the sink, of
+    each scope alone without it."""
+    p = sample.problem
+    assume(p.extra_topk is not None)
+    x = sample.inputs(device)
+    o, lse = _run(kernel, x)
+    call = x.source_args
+    main = _run(kernel, x, sink=None, extra_k_cache=None, extra_indices=None, extra_topk_len=None,
+                extra_cache_layout=None)
+    extra = _run(kernel, x, sink=None, k=call["extra_k_cache"], v=call["extra_k_cache"], indices=call["extra_indices"],
+                 topk_len=call.get("extra_topk_len"), cache_layout=call.get("extra_cache_layout"),
+                 extra_k_cache=None, extra_indices=None, extra_topk_len=None, extra_cache_layout=None)
+    merged_o, merged_lse = reference.merge([main, extra], sink=x.sink)
+    oracle = oracle_of(x)
+    assert_agrees(o, merged_o.to(o.dtype), f"{kernel.name} {sample.id}: both scopes vs each merged", lse,
+                  merged_lse.float(), oracle)
+
+
+def block_size_changes_nothing(kernel, sample: Sample, device, other_block_sizes=(1, 3, 16, 64)):
+    """The same keys in pages of another size give the same answer (within the verdict: a
+    kernel may tile by page)."""
+    sample = sample.replace(shared_pages=False)  # what a shared page holds depends on its size
+    p = sample.problem
+    other = next(b for b in other_block_sizes if b != p.block_size)
+    variant = _variant(kernel, sample, device, block_size=other)
+    x, y = sample.inputs(device), variant.inputs(device)
+    o, lse = _run(kernel, x)
+    o_other, lse_other = _run(kernel, y)
+    assert_agrees(o_other, o, f"{kernel.name} {sample.id}: block size {other} instead of {p.block_size}", lse_other,
+                  lse, oracle_of(x))
+
+
+def index_order_changes_nothing(kernel, sample: Sample, device):
+    """Each row's indices (the first topk_len of them) in another order: the same keys."""
+    assume(sample.problem.source == "sparse")
+    x = sample.inputs(device)
+    g = torch.Generator().manual_seed(sample.seed + 2)
+    shuffled = {}
+    for name, lengths in (("indices", "topk_len"), ("extra_indices", "extra_topk_len")):
+        indices = x.source_args.get(name)
+        if indices is None:
+            continue
+        B, T, topk = indices.shape
+        keys = torch.rand(B, T, topk, generator=g).to(device)
+        if lengths in x.source_args:  # keep the entries past topk_len where they are
+            keys = torch.where(torch.arange(topk, device=device) < x.source_args[lengths].view(-1, 1, 1), keys, 2.0)
+        shuffled[name] = torch.gather(indices, 2, keys.argsort(dim=-1))
+    o, lse = _run(kernel, x, **shuffled)
+    oracle = oracle_of(x)
+    assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: indices reordered", lse, oracle.lse, oracle)
+
+
+# law -> (its test in properties/test_source_laws.py, the sources it draws, what else it needs)
+SOURCE_LAWS = {
+    pages_permuted_change_nothing: ("test_moving_physical_pages_changes_nothing", ("paged", "sparse"), ()),
+    unread_storage_leaks_nothing: ("test_unread_slots_pages_and_bytes_leak_nothing", ("paged", "sparse"), ()),
+    an_invalid_index_equals_its_absence: ("test_an_invalid_index_equals_its_absence", ("sparse",), ()),
+    a_request_alone_equals_its_rows_in_the_batch: ("test_a_paged_request_alone_equals_its_rows_in_the_batch",
+                                                   ("paged",), ()),
+    two_scopes_equal_the_merge_of_each: ("test_two_scopes_equal_the_merge_of_each_scope", ("sparse",),
+                                         ("two_scopes", "lse")),
+    block_size_changes_nothing: ("test_another_block_size_changes_nothing", ("paged", "sparse"), ()),
+    index_order_changes_nothing: ("test_reordering_a_rows_indices_changes_nothing", ("sparse",), ()),
+}
+
+
+def require(kernel, device: str, kinds: tuple[str, ...], needs: tuple[str, ...]) -> None:
+    """Skip, with the reason, when the kernel has none of the sources a law draws or lacks
+    what else it needs."""
+    import pytest
+
+    caps = kernel.capabilities_on(device)
+    unavailable = kernel.availability(device)
+    if unavailable or device not in caps.devices:
+        pytest.skip(f"{kernel.name}: {unavailable or f'no {device} kernel'}")
+    if not caps.sources & set(kinds):
+        pytest.skip(f"{kernel.name}: this law needs a {' or '.join(kinds)} source; the kernel declares "
+                    f"{', '.join(sorted(caps.sources))} (Capabilities.sources)")
+    missing = [n for n in needs if n not in caps.sources | caps.features]
+    if missing:
+        pytest.skip(f"{kernel.name}: this law needs {', '.join(missing)}")
