@@ -372,6 +372,9 @@ def require(kernel: KernelEntry, device: str, *features: str) -> None:
     unavailable = kernel.availability(device)
     if unavailable or device not in caps.devices:
         pytest.skip(f"{kernel.name}: {unavailable or f'no {device} kernel'}")
+    if "dense" not in caps.sources:
+        pytest.skip(f"{kernel.name}: these laws call with dense keys; the kernel declares "
+                    f"{', '.join(sorted(caps.sources))} (Capabilities.sources)")
     if missing:
         pytest.skip(f"{kernel.name}: this law needs {', '.join(missing)} ("
                     + "; ".join(caps.notes.get(f, f"no {f} support") for f in missing) + ")")

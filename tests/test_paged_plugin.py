@@ -1,0 +1,91 @@
+"""A vLLM-style paged kernel, written here from docs/contract.md alone (packed queries, paged
+K/V caches, per-request kv lengths, sinks), plugged in with --fmha-kernel: the whole suite
+runs for it: the dense-key tests skip saying why, contract v2's laws pass. The same kernel
+reading its last partial page whole fails them."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VLLM_STYLE = textwrap.dedent('''
+    import math
+    import torch
+    from fmha.capabilities import Capabilities
+
+    def unified_attention(q, k_cache, v_cache, *, block_table, kv_lens, cu_seqlens_q=None, scale=None,
+                          causal=False, window=None, sink=None, out=None, last_page_whole=False):
+        block_size, D = k_cache.shape[1], q.shape[-1]
+        scale = D ** -0.5 if scale is None else scale
+        bounds = cu_seqlens_q.tolist() if cu_seqlens_q is not None else None
+        outputs, lses = [], []
+        for b in range(block_table.shape[0]):
+            q_b = q[b] if bounds is None else q[bounds[b]:bounds[b + 1]]
+            T, H, n = q_b.shape[0], q_b.shape[1], int(kv_lens[b])
+            read = -(-n // block_size) * block_size if last_page_whole else n
+            j = torch.arange(read)
+            slots = block_table[b].long()[j // block_size] * block_size + j % block_size
+            group = H // k_cache.shape[2]
+            keys = k_cache.flatten(0, 1)[slots].float().repeat_interleave(group, 1)
+            values = v_cache.flatten(0, 1)[slots].float().repeat_interleave(group, 1)
+            s = torch.einsum("thd,nhd->htn", q_b.float(), keys) * scale
+            position = torch.arange(T)[:, None] + n - T
+            visible = j[None, :] < n
+            if causal or window:
+                visible = visible & (j[None, :] <= position)
+            if window:
+                visible = visible & (j[None, :] > position - window)
+            s = s.masked_fill(~visible, -math.inf)
+            if sink is not None:
+                s = torch.cat([s, sink.view(H, 1, 1).expand(H, T, 1)], dim=-1)
+            m = s.amax(-1, keepdim=True).nan_to_num(neginf=0.0) if s.shape[-1] else s.new_zeros(H, T, 1)
+            e = torch.exp(s - m)
+            z = e.sum(-1, keepdim=True)
+            p = (e / z.clamp(min=1e-30))[..., :read]
+            outputs.append(torch.einsum("htn,nhd->thd", p, values).to(q.dtype))
+            lses.append((m + z.log()).squeeze(-1))
+        o = torch.stack(outputs) if bounds is None else torch.cat(outputs)
+        lse = torch.stack(lses) if bounds is None else torch.cat(lses, dim=1)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return o, lse
+
+    def last_page_whole(q, k_cache, v_cache, **kwargs):
+        return unified_attention(q, k_cache, v_cache, last_page_whole=True, **kwargs)
+
+    unified_attention.capabilities = last_page_whole.capabilities = Capabilities(
+        sources=frozenset({"paged", "ragged"}), block_sizes=(1, 2, 5, 16, 53, 64),
+        promises=frozenset({"bitwise_deterministic", "batch_invariant"}))
+''')
+
+
+@pytest.fixture
+def plugged(pytester):
+    pytester.makepyfile(vllm_style=VLLM_STYLE)
+    pytester.syspathinsert()
+    return pytester
+
+
+def test_a_paged_plugin_runs_the_whole_suite_the_dense_tests_skip_and_the_v2_laws_pass(plugged):
+    result = plugged.runpytest(str(ROOT / "properties"), str(ROOT / "regressions"), "-p", "no:cacheprovider", "-rs",
+                               "--fmha-kernel=vllm_style:unified_attention", "--fmha-device=cpu")
+    out = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("error", 0) == 0, out[-4000:]
+    assert outcomes.get("passed", 0) >= 4, out[-4000:]  # pages moved, unread storage, a request alone, block size
+    assert "no dense keys" in out or "these laws call with dense keys" in out, out[-4000:]
+    assert "this law needs a sparse source" in out, out[-4000:]
+
+
+def test_the_same_kernel_reading_its_last_partial_page_whole_fails_the_v2_laws(plugged):
+    result = plugged.runpytest(str(ROOT / "properties" / "test_source_laws.py"), "-p", "no:cacheprovider",
+                               "--fmha-kernel=vllm_style:last_page_whole", "--fmha-device=cpu",
+                               "-k", "unread or request_alone")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed", 0) >= 1, out[-4000:]
+    assert "unread storage NaN vs huge" in out and "nan vs" in out, out[-4000:]
