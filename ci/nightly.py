@@ -1,15 +1,17 @@
-"""The nightly gate: every kernel on the 72-config grid must reach cosine >= 0.999998.
+"""The nightly gate: every kernel on the 72-config grid and the DSV4 sparse-decode grid must
+reach cosine >= 0.999998.
 
     python -m fmha.ci.nightly [--fmha-kernel NAME|module:attr ...] [--out DIR] [--seeds N]
 
 For each kernel (selected as in pytest; registry defaults otherwise) it runs the grid x
-layouts (MHA, MQA with K = V) x distributions (normal, peaky, flat) x seeds against the
-float64 oracle and records global and worst-row cosine, error ratio and LSE error. The gate
+layouts (MHA, MQA with K = V), and the 96 sparse-decode configs (properties/grid.py), x
+distributions (normal, peaky, flat) x seeds against the float64 oracle (over the dequantized
+keys for quantized caches) and records global and worst-row cosine, error ratio and LSE error. The gate
 is the global cosine of every run. Writes DIR/results.json (atomically), DIR/summary.md and
 DIR/index.html with a heatmap per kernel (DIR/heatmap-<kernel>.png), compares with the
 previous DIR/results.json and lists what got worse; exits 1 when any run is below the gate.
 On a machine without CUDA it runs a reduced slice through the Triton interpreter (every
-head dim, decode shapes) so the command works anywhere.
+head dim, decode shapes; two sparse configs) so the command works anywhere.
 """
 
 from __future__ import annotations
@@ -34,28 +36,38 @@ from fmha.ci.report_html import write_page
 from fmha.oracles.check import judge_run, run_kernel
 from fmha.oracles.sample import Sample
 from fmha.problem import DTYPE_NAMES
-from fmha.properties.grid import GRID, config_id, grid_id, grid_problem
+from fmha.properties.grid import GRID, SPARSE_GRID, config_id, grid_id, grid_problem, sparse_id
 from fmha.tables import Table
 
 GATE = 0.999998
 LAYOUTS = ("mha", "mqa")
 DISTRIBUTIONS = ("normal", "peaky", "flat")
-# CPU slice: every head dim, decode shapes, the boundary configs.
+# CPU slice: every head dim, decode shapes, the boundary configs; of the sparse grid, Hq 64,
+# T 1, 128 + 512 keys in pages of 64 with a sink, the second scope in FP8 and in FP4.
 CPU_SLICE = {(1, 128), (4, 128), (1, 100), (4, 640)}
+CPU_SPARSE_SLICE = {"dsv4-h64-T1-topk128+512-block64-fp8-sink", "dsv4-h64-T1-topk128+512-block64-fp4-sink"}
 
 
-def run_gate(kernels, device: str, seeds: int, configs, progress=True) -> list[dict]:
+def cases(configs, sparse_configs) -> list[tuple]:
+    """(problem, the record's fields) of every grid case: configs x layouts, then the sparse ones."""
+    dense = [(grid_problem(c, layout), dict(config=config_id(c), case=grid_id(c, layout), head_dim=c.head_dim,
+                                            q_len=c.q_len, kv_len=c.kv_len, layout=layout))
+             for c in configs for layout in LAYOUTS]
+    sparse = [(p, dict(config=sparse_id(p), case=sparse_id(p), head_dim=p.head_dim, q_len=p.q_len,
+                       kv_len=p.kv_len + p.extra_topk, layout="dsv4-sparse")) for p in sparse_configs]
+    return dense + sparse
+
+
+def run_gate(kernels, device: str, seeds: int, grid_cases, progress=True) -> list[dict]:
     """One record per run. A kernel that raises (or returns the wrong shape, or ignores out=)
     gets that run recorded as a failure with the error, and the gate goes on."""
     records = []
-    runs = [(kernel, config, layout, distribution, seed) for kernel in kernels for config in configs
-            for layout in LAYOUTS for distribution in DISTRIBUTIONS for seed in range(seeds)]
-    for kernel, config, layout, distribution, seed in tqdm(runs, unit="run", file=sys.stderr,
-                                                            disable=None if progress else True):
-        problem = grid_problem(config, layout)
-        record = dict(kernel=kernel.name, config=config_id(config), case=grid_id(config, layout),
-                      head_dim=config.head_dim, q_len=config.q_len, kv_len=config.kv_len,
-                      layout=layout, distribution=distribution, seed=seed, dtype=DTYPE_NAMES[problem.dtype])
+    runs = [(kernel, problem, fields, distribution, seed) for kernel in kernels for problem, fields in grid_cases
+            for distribution in DISTRIBUTIONS for seed in range(seeds)]
+    for kernel, problem, fields, distribution, seed in tqdm(runs, unit="run", file=sys.stderr,
+                                                             disable=None if progress else True):
+        record = dict(kernel=kernel.name, **fields, distribution=distribution, seed=seed,
+                      dtype=DTYPE_NAMES[problem.dtype])
         reasons = kernel.not_supported_reasons(problem, device)
         if reasons:
             record["skipped"] = "; ".join(reasons)
@@ -178,17 +190,18 @@ def main(argv=None) -> int:
     kernels = selected_kernels(parser, args)
     reduced = args.fmha_device == "cpu" and not args.full_grid
     configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
+    sparse = [p for p in SPARSE_GRID if sparse_id(p) in CPU_SPARSE_SLICE] if reduced else list(SPARSE_GRID)
     seeds = args.seeds or (1 if args.fmha_device == "cpu" else 3)
 
-    records = run_gate(kernels, args.fmha_device, seeds, configs)
+    records = run_gate(kernels, args.fmha_device, seeds, cases(configs, sparse))
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     previous = json.loads(results_path.read_text())["records"] if results_path.exists() else None
     device_name = torch.cuda.get_device_name() if args.fmha_device == "cuda" else "CPU (Triton interpreter)"
     header = (f"# Nightly gate, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
               f"{device_name}, torch {torch.__version__}; {len(configs)} configs"
-              f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} x {', '.join(DISTRIBUTIONS)}"
-              f" x {seeds} seed(s); bf16; B=2, Hq=8, causal.\n\n"
+              f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} (bf16, B=2, Hq=8, causal) and "
+              f"{len(sparse)} DSV4 sparse-decode configs, x {', '.join(DISTRIBUTIONS)} x {seeds} seed(s).\n\n"
               f"Command: python -m fmha.ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
     write_atomically(results_path, json.dumps(dict(device=device_name, torch=torch.__version__, gate=GATE,
                                                    header=header, records=records), indent=1, default=_json_safe))

@@ -47,3 +47,22 @@ def config_id(config: Problem) -> str:
 def grid_id(config: Problem, layout: str) -> str:
     """Reads as the case: hd512-T4-S640-mqa."""
     return f"{config_id(config)}-{layout}"
+
+
+# DeepSeek-V4's sparse decode (contract v2): one K = V latent head of dim 512 in FlashMLA's
+# FP8 layout read through 128 window indices, plus 512 or 1024 compressed keys in a second
+# scope (FP8, or fmha's FP4), in pages of 1, 64 or 61 tokens, with a sink or without.
+SPARSE_GRID: tuple[Problem, ...] = tuple(
+    Problem(batch=2, q_len=t, kv_len=128, heads_q=h, heads_kv=1, head_dim=512, shared_kv=True, sink=sink,
+            source="sparse", block_size=block, cache_layout="dsv4-fp8", extra_topk=extra, extra_block_size=block,
+            extra_cache_layout=layout)
+    for h, t, extra, block, layout, sink in itertools.product((64, 128), (1, 2), (512, 1024), (1, 64, 61),
+                                                             ("dsv4-fp8", "dsv4-fp4"), (False, True))
+)
+assert len(SPARSE_GRID) == 96
+
+
+def sparse_id(p: Problem) -> str:
+    """Reads as the case: dsv4-h64-T1-topk128+512-block64-fp4-sink."""
+    return (f"dsv4-h{p.heads_q}-T{p.q_len}-topk{p.kv_len}+{p.extra_topk}-block{p.block_size}-"
+            f"{p.extra_cache_layout.removeprefix('dsv4-')}{'-sink' if p.sink else ''}")
