@@ -17,8 +17,11 @@ import torch
 from fmha.oracles import quantization, sources
 from fmha.oracles.sample import Inputs, Sample
 
-NAN_BYTES = {"e4m3fn": 0x7F, "e2m1": 0x0}  # e2m1 has no NaN: its tile scale carries it (0xFF)
-BF16_NAN = torch.tensor([float("nan")], dtype=torch.bfloat16).view(torch.uint8)
+# Poison bytes of an unread quantized token: NaN (e2m1 has no NaN code: its tile's scale
+# carries it), or else huge finite values: the largest element at a scale of 2^40.
+NAN_BYTES = {"e4m3fn": 0x7F, "e2m1": 0x0}
+HUGE_BYTES = {"e4m3fn": 0x7E, "e2m1": 0x7}
+NAN_SCALE, HUGE_SCALE = 0xFF, 127 + 40
 
 
 def inputs(sample: Sample, g: torch.Generator, q, k, v, sink, device, fill: float) -> Inputs:
@@ -61,7 +64,7 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
         q_lens = sample.q_lens or (p.q_len,) * B
         q = torch.cat([q[b, :n] for b, n in enumerate(q_lens)])
         args["cu_seqlens_q"] = _int32([0, *torch.tensor(q_lens).cumsum(0).tolist()], device)
-    k_call, oracle_k = _quantized(k_cache, p.cache_layout, _read(table, kv_lens, bs))
+    k_call, oracle_k = _quantized(k_cache, p.cache_layout, _read(table, kv_lens, bs), fill)
     v_call, oracle_v = (k_call, oracle_k) if v_cache is k_cache else (v_cache, v_cache)
     args["cache_layout"] = p.cache_layout
     oracle = sources.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
@@ -119,16 +122,17 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
         indices[torch.rand(indices.shape, generator=rows) < sample.invalid] = -1
     indices = indices.to(torch.int32).to(cast["device"])
     topk_len = None if topk_lens is None else torch.tensor(topk_lens, dtype=torch.int32, device=cast["device"])
-    k_call, oracle_cache = _quantized(cache, layout, slots.flatten())
+    k_call, oracle_cache = _quantized(cache, layout, slots.flatten(), fill)
     args = {f"{prefix}k_cache": k_call, f"{prefix}indices": indices, f"{prefix}topk_len": topk_len,
             f"{prefix}cache_layout": layout}
     return args, [sources.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
 
 
-def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor):
+def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill: float):
     """The cache as the call passes it and as the oracle reads it: the same tensor, or the
     layout's bytes (num_blocks, block_size, 1, token_bytes) and their exact float64 values.
-    The bytes of tokens outside `read` (flat slots) are NaN codes."""
+    The bytes of tokens outside `read` (flat slots) are poison: NaN codes for a NaN `fill`,
+    huge values otherwise."""
     if layout is None:
         return cache, cache
     spec = quantization.LAYOUTS[layout]
@@ -144,12 +148,16 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor):
     unread[read.to(cache.device)] = False
     unread = unread.view(num_blocks, block_size)
     data = pages[:, :block_size * spec.data_bytes].view(num_blocks, block_size, spec.data_bytes)
+    nan = math.isnan(fill)
     rope = spec.data_bytes - 2 * spec.rope_dims
-    data[..., :rope] = torch.where(unread[..., None], NAN_BYTES[spec.element.name], data[..., :rope])
-    data[..., rope:] = torch.where(unread[..., None], BF16_NAN.repeat(spec.rope_dims).to(cache.device), data[..., rope:])
+    element = (NAN_BYTES if nan else HUGE_BYTES)[spec.element.name] * (0x11 if spec.element.bits == 4 else 1)
+    rope_bytes = torch.tensor([fill], dtype=torch.bfloat16).view(torch.uint8).repeat(spec.rope_dims)
+    data[..., :rope] = torch.where(unread[..., None], element, data[..., :rope])
+    data[..., rope:] = torch.where(unread[..., None], rope_bytes.to(cache.device), data[..., rope:])
     scales = pages[:, block_size * spec.data_bytes:block_size * spec.token_bytes].view(num_blocks, block_size,
                                                                                        spec.scale_bytes)
-    scales[..., :spec.tiles] = torch.where(unread[..., None], 0xFF, scales[..., :spec.tiles])
+    scales[..., :spec.tiles] = torch.where(unread[..., None], NAN_SCALE if nan else HUGE_SCALE,
+                                           scales[..., :spec.tiles])
     call = pages[:, :block_size * spec.token_bytes].view(num_blocks, block_size, 1, spec.token_bytes)
     return call, quantization.dequantize(pages, spec, block_size)
 
