@@ -1,7 +1,7 @@
 """The nightly gate: every kernel on the 72-config grid and the DSV4 sparse-decode grid must
 reach cosine >= 0.999998.
 
-    python -m fmha.ci.nightly [--fmha-kernel NAME|module:attr ...] [--out DIR] [--seeds N]
+    python -m fmha.ci.nightly [--fmha-kernel NAME|module:attr ...] [--out DIR] [--seeds N] [--head-dims D ...]
 
 For each kernel (selected as in pytest; registry defaults otherwise) it runs the grid x
 layouts (MHA, MQA with K = V), and the 96 sparse-decode configs (properties/grid.py), x
@@ -181,6 +181,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("nightly-report"))
     parser.add_argument("--seeds", type=int, default=None, help="default: 3 on CUDA, 1 on CPU")
     parser.add_argument("--full-grid", action="store_true", help="on CPU too (slow through the interpreter)")
+    parser.add_argument("--head-dims", type=int, nargs="+", metavar="D",
+                        help="only these head dims of the grids (triage); the sparse grid is head dim 512")
     parser.add_argument("--report-only", action="store_true",
                         help="only re-render summary.md and index.html from DIR/results.json")
     args = parse(parser, argv)
@@ -191,6 +193,9 @@ def main(argv=None) -> int:
     reduced = args.fmha_device == "cpu" and not args.full_grid
     configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
     sparse = [p for p in SPARSE_GRID if sparse_id(p) in CPU_SPARSE_SLICE] if reduced else list(SPARSE_GRID)
+    if args.head_dims:
+        configs = [c for c in configs if c.head_dim in args.head_dims]
+        sparse = [p for p in sparse if p.head_dim in args.head_dims]
     seeds = args.seeds or (1 if args.fmha_device == "cpu" else 3)
 
     records = run_gate(kernels, args.fmha_device, seeds, cases(configs, sparse))

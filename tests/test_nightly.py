@@ -24,7 +24,7 @@ def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
     (tmp_path / "raising_kernels.py").write_text(RAISING)
     out = tmp_path / "report"
     run = subprocess.run([sys.executable, "-m", "fmha.ci.nightly", "--fmha-device", "cpu",
-                          "--fmha-kernel", "raising_kernels:fwd", "--out", str(out)],
+                          "--fmha-kernel", "raising_kernels:fwd", "--head-dims", "256", "512", "--out", str(out)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     records = json.loads((out / "results.json").read_text())["records"]
@@ -34,6 +34,7 @@ def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
     assert raised and all(r["head_dim"] == 256 for r in raised) and len(raised) == 4 * 2 * 3  # 4 configs x 2 layouts
     assert all("RuntimeError: no kernel for head dim 256 yet" in r["error"] for r in raised)
     assert all(r["passed"] for r in records if r["head_dim"] != 256)
+    assert {r["head_dim"] for r in records} == {256, 512}
     summary = (out / "summary.md").read_text()
     assert "raised RuntimeError: no kernel for head dim 256 yet" in summary and "2 DSV4 sparse-decode configs" in summary
     assert (out / "index.html").exists()
