@@ -6,7 +6,8 @@
     python -m fmha.ci.verify --calibrate --seeds 4            # worst metric values, for the tolerances
 
 Two passes per kernel: agreement with the oracle on the feature cases (every dtype and input
-distribution, --seeds seeds each), and a fast pass of the metamorphic laws (--law-examples
+distribution, --seeds seeds each), and a fast pass of the metamorphic laws, contract v2's
+for a kernel that declares a paged or sparse source (--law-examples
 derandomized draws each, unshrunk: `pytest --pyargs fmha` shrinks). A kernel that raises
 costs that case, recorded with its error, and the run goes on; a NotSupportedError is a
 skip with the kernel's reason. Prints progress, a table, the findings grouped (identical
@@ -34,9 +35,10 @@ from fmha.contract import NotSupportedError
 from fmha.oracles.check import judge_run, run_kernel
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.problem import DTYPE_NAMES
-from fmha.properties import laws
+from fmha.properties import laws, source_laws
 from fmha.properties.feature_cases import FEATURE_CASES, with_dtypes
 from fmha.properties.pinned import PINNED
+from fmha.properties.source_strategies import source_samples
 from fmha.properties.strategies import samples
 from fmha.registry import MERGES
 from fmha.regressions import ledger
@@ -112,20 +114,36 @@ def agreement(kernel, sample, device: str, worst=None) -> Result:
                   _signature(signature))
 
 
+def _law_test(law) -> str:
+    """The pytest test that runs `law` (known-failure records name it)."""
+    return source_laws.SOURCE_LAWS[law][0] if law in source_laws.SOURCE_LAWS else laws.LAW_TESTS[law.__name__]
+
+
+def _law_setup(kernel, law, device: str):
+    """(strategy, operands, pinned samples) of a law for this kernel; pytest.skip, with the
+    reason, when the kernel lacks what the law needs."""
+    caps = kernel.capabilities_on(device)
+    if law in source_laws.SOURCE_LAWS:
+        _, kinds, needs = source_laws.SOURCE_LAWS[law]
+        source_laws.require(kernel, device, kinds, needs)
+        return source_samples(caps, device, kinds=kinds, needs=needs), (kernel,), []
+    laws.require(kernel, device, *laws.KERNEL_LAWS[law])
+    operands = (kernel, MERGES["fmha"]) if law is laws.split_keys_merge_to_the_whole else (kernel,)
+    pinned = [s for s in PINNED.get(law.__name__, []) if not kernel.not_supported_reasons(s.problem, device)]
+    return samples(caps, device), operands, pinned
+
+
 def law_pass(kernel, law, device: str, examples: int) -> Result:
     """The law on a few derandomized draws, unshrunk."""
     try:
-        laws.require(kernel, device, *laws.KERNEL_LAWS[law])
+        strategy, operands, pinned = _law_setup(kernel, law, device)
     except pytest.skip.Exception as e:
         return Result(kernel.name, "laws", law.__name__, "", "skipped", e.msg.removeprefix(f"{kernel.name}: "))
-    operands = (kernel, MERGES["fmha"]) if law is laws.split_keys_merge_to_the_whole else (kernel,)
     quick = settings(max_examples=examples, derandomize=True, database=None, deadline=None,
                      phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
                      suppress_health_check=list(HealthCheck))
-    pinned = [s for s in PINNED.get(law.__name__, []) if not kernel.not_supported_reasons(s.problem, device)]
     try:
-        laws.run_law(law, samples(kernel.capabilities_on(device), device), *operands, device=device, settings=quick,
-                     pinned=pinned)
+        laws.run_law(law, strategy, *operands, device=device, settings=quick, pinned=pinned)
     except pytest.skip.Exception as e:
         return Result(kernel.name, "laws", law.__name__, "", "skipped", e.msg)
     except AssertionError as e:
@@ -192,7 +210,7 @@ def main(argv=None) -> int:
 
     cases = [s.replace(distribution=d, seed=seed) for s in with_dtypes(FEATURE_CASES)
              for d in DISTRIBUTIONS for seed in range(args.seeds)]
-    law_list = list(laws.KERNEL_LAWS) if args.law_examples > 0 and not args.calibrate else []
+    law_list = [*laws.KERNEL_LAWS, *source_laws.SOURCE_LAWS] if args.law_examples > 0 and not args.calibrate else []
     worst = defaultdict(lambda: {c: (-math.inf, "") for c in WORST}) if args.calibrate else None
     results = []
     with tqdm(total=len(kernels) * (len(cases) + len(law_list)), unit="case", file=sys.stderr, disable=None) as bar:
@@ -205,7 +223,7 @@ def main(argv=None) -> int:
             for law in law_list:
                 bar.set_postfix_str(f"{kernel.name} {law.__name__}")
                 results.append(_against_ledger(law_pass(kernel, law, device, args.law_examples), known, device,
-                                               laws.LAW_TESTS[law.__name__]))
+                                               _law_test(law)))
                 bar.update()
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
