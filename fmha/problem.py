@@ -67,8 +67,8 @@ class Problem:
         for name in ("cache_layout", "extra_cache_layout"):
             if getattr(self, name) not in (None, *CACHE_LAYOUTS):
                 raise ValueError(f"{name}: expected one of {', '.join(CACHE_LAYOUTS)} or None, got {getattr(self, name)!r}")
-        if self.cache_layout is not None and not self.shared_kv:
-            raise ValueError("cache_layout: a quantized cache holds K = V (shared_kv=True)")
+        if self.cache_layout is not None and (not self.shared_kv or self.source == "dense"):
+            raise ValueError("cache_layout: a quantized cache is a paged or sparse K = V cache (shared_kv=True)")
         if (self.extra_topk is None) != (self.extra_block_size is None) or (
                 self.extra_topk is not None and self.source != "sparse"):
             raise ValueError("extra_topk, extra_block_size: a second scope is sparse and has both")

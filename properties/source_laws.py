@@ -191,6 +191,24 @@ def index_order_changes_nothing(kernel, sample: Sample, device):
     assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: indices reordered", lse, oracle.lse, oracle)
 
 
+def sparse_over_its_keys_equals_dense(kernel, sample: Sample, device):
+    """Index-sparse rows that each read all of their request's keys (no -1, no topk_len)
+    equal the dense call over those keys (K = V, no mask), within the verdict."""
+    sample = _variant(kernel, sample.replace(invalid=0.0, topk_lens=None, extra_topk_lens=None), device,
+                      extra_topk=None, extra_block_size=None, extra_cache_layout=None)
+    p = sample.problem
+    assume(p.source == "sparse")
+    x = sample.inputs(device)
+    slots = x.source_args["indices"][:, 0].long()  # (B, topk): row 0 reads every key of its request
+    keys = x.oracle_sources[0].k_cache.flatten(0, 1)[slots].to(p.dtype)  # quantized values are bf16 values
+    dense = sample.replace(source="dense", block_size=None, cache_layout=None)
+    assume(not kernel.not_supported_reasons(dense.problem, device))
+    o_dense, lse_dense = kernel(x.q, keys, keys, scale=sample.scale, sink=x.sink)
+    o, lse = _run(kernel, x)
+    assert_agrees(o, o_dense, f"{kernel.name} {sample.id}: sparse rows vs the dense call over their keys", lse,
+                  lse_dense, oracle_of(x))
+
+
 # law -> (its test in properties/test_source_laws.py, the sources it draws, what else it needs)
 SOURCE_LAWS = {
     pages_permuted_change_nothing: ("test_moving_physical_pages_changes_nothing", ("paged", "sparse"), ()),
@@ -202,6 +220,7 @@ SOURCE_LAWS = {
                                          ("two_scopes", "lse")),
     block_size_changes_nothing: ("test_another_block_size_changes_nothing", ("paged", "sparse"), ()),
     index_order_changes_nothing: ("test_reordering_a_rows_indices_changes_nothing", ("sparse",), ()),
+    sparse_over_its_keys_equals_dense: ("test_sparse_rows_over_their_keys_equal_the_dense_call", ("sparse",), ("dense",)),
 }
 
 

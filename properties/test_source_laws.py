@@ -44,3 +44,7 @@ def test_another_block_size_changes_nothing(kernel, device, request):
 
 def test_reordering_a_rows_indices_changes_nothing(kernel, device, request):
     _check(source_laws.index_order_changes_nothing, kernel, device, request)
+
+
+def test_sparse_rows_over_their_keys_equal_the_dense_call(kernel, device, request):
+    _check(source_laws.sparse_over_its_keys_equals_dense, kernel, device, request)

@@ -16,17 +16,34 @@ from fmha.oracles import quantization
 from fmha.oracles.reference import merge
 
 
+def _bug(fn):
+    """The bug lives in the paged or sparse path: a dense call (no block table, no indices)
+    is the reference's, as a kernel with both paths would run it."""
+    import functools
+
+    @functools.wraps(fn)
+    def kernel(q, k, v, **kwargs):
+        if kwargs.get("block_table") is None and kwargs.get("indices") is None:
+            return reference(q, k, v, **kwargs)
+        return fn(q, k, v, **kwargs)
+
+    return kernel
+
+
+@_bug
 def one_table_row(q, k, v, *, block_table, **kw):
     """Every request reads the block table's first row (a row stride of 0)."""
     return reference(q, k, v, block_table=block_table[:1].expand_as(block_table).contiguous(), **kw)
 
 
+@_bug
 def whole_last_page(q, k, v, *, block_table, kv_lens, **kw):
     """A request's last, partial page read whole: the slots past its kv length count too."""
     pages = -(-kv_lens // k.shape[1])
     return reference(q, k, v, block_table=block_table, kv_lens=(pages * k.shape[1]).to(torch.int32), **kw)
 
 
+@_bug
 def contiguous_pages(q, k, v, *, block_table, **kw):
     """Page i of a request assumed at block_table[b, 0] + i: pages allocated in one run."""
     first = block_table[:, :1].long()
@@ -34,6 +51,7 @@ def contiguous_pages(q, k, v, *, block_table, **kw):
     return reference(q, k, v, block_table=assumed.to(torch.int32), **kw)
 
 
+@_bug
 def power_of_two_pages(q, k, v, *, block_table, kv_lens, **kw):
     """Slot arithmetic with shifts and masks: j >> log2(block_size), j & (block_size - 1),
     right for powers of two only. Expressed as the slots it reads, remapped into the table."""
@@ -50,6 +68,7 @@ def power_of_two_pages(q, k, v, *, block_table, kv_lens, **kw):
     return reference(q, pages, values, block_table=table, kv_lens=kv_lens, **kw)
 
 
+@_bug
 def batch_drops_last_key(q, k, v, *, kv_lens, **kw):
     """The multi-request path stops one key short (B > 1 only): a request alone is right."""
     if kv_lens.shape[0] > 1:
@@ -57,6 +76,7 @@ def batch_drops_last_key(q, k, v, *, kv_lens, **kw):
     return reference(q, k, v, kv_lens=kv_lens, **kw)
 
 
+@_bug
 def no_keys_nan(q, k, v, *, kv_lens, **kw):
     """A request with no keys divides 0 by 0."""
     o, lse = reference(q, k, v, kv_lens=kv_lens, **kw)
@@ -69,12 +89,14 @@ def no_keys_nan(q, k, v, *, kv_lens, **kw):
     return o, lse
 
 
+@_bug
 def minus_one_is_slot_0(q, k, v, *, indices, extra_indices=None, **kw):
     """-1 read as slot 0 (an unsigned index, or a clamp before the mask)."""
     extra = {} if extra_indices is None else dict(extra_indices=extra_indices.clamp(min=0))
     return reference(q, k, v, indices=indices.clamp(min=0), **extra, **kw)
 
 
+@_bug
 def minus_one_counts(q, k, v, *, indices, topk_len=None, sink=None, out=None, **kw):
     """A -1 masked to logit 0 instead of -inf: each adds exp(0) to the denominator."""
     o, lse = reference(q, k, v, indices=indices, topk_len=topk_len, sink=sink, **kw)
@@ -86,16 +108,19 @@ def minus_one_counts(q, k, v, *, indices, topk_len=None, sink=None, out=None, **
     return (o if out is None else out.copy_(o)), wider.float()
 
 
+@_bug
 def topk_len_ignored(q, k, v, *, topk_len=None, extra_topk_len=None, **kw):
     """Every index read, past topk_len too."""
     return reference(q, k, v, **kw)
 
 
+@_bug
 def last_index_dropped(q, k, v, *, indices, **kw):
     """One index short per row (a loop bound of topk - 1)."""
     return reference(q, k, v, indices=torch.cat([indices[..., :-1], torch.full_like(indices[..., -1:], -1)], -1), **kw)
 
 
+@_bug
 def sink_per_scope(q, k, v, *, sink=None, extra_k_cache=None, extra_indices=None, extra_topk_len=None,
                    extra_cache_layout=None, out=None, **kw):
     """Each scope's softmax with the sink, merged: the sink joins the denominator twice."""
@@ -126,12 +151,14 @@ def _decoded_as(k, layout, mistake):
     return values.to(torch.bfloat16)
 
 
+@_bug
 def fp8_scale_of_the_next_tile(q, k, v, *, cache_layout, **kw):
     """Tile i's elements times tile i+1's scale."""
     cache = _decoded_as(k, cache_layout, "scale of the next tile")
     return reference(q, cache, cache, **kw)
 
 
+@_bug
 def rope_read_as_fp8(q, k, v, *, cache_layout, **kw):
     """The bf16 rope dims' bytes read as FP8 like the rest."""
     cache = _decoded_as(k, cache_layout, "rope")

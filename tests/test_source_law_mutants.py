@@ -20,6 +20,7 @@ CAUGHT_BY = {
     source_laws.two_scopes_equal_the_merge_of_each: "sink_per_scope",
     source_laws.block_size_changes_nothing: "power_of_two_pages",
     source_laws.index_order_changes_nothing: "last_index_dropped",
+    source_laws.sparse_over_its_keys_equals_dense: "last_index_dropped",
 }
 
 
