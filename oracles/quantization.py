@@ -179,6 +179,13 @@ def quantize(cache_values: torch.Tensor, layout: CacheLayout) -> torch.Tensor:
     return page
 
 
+def pages_of(cache: torch.Tensor) -> torch.Tensor:
+    """A call's byte view of a quantized cache, (num_blocks, block_size, 1, token_bytes) over
+    padded pages, as one row of block_size * token_bytes bytes per page (`dequantize`'s input)."""
+    num_blocks, block_size, _, token_bytes = cache.shape
+    return cache.as_strided((num_blocks, block_size * token_bytes), (cache.stride(0), 1))
+
+
 def dequantize(pages: torch.Tensor, layout: CacheLayout, block_size: int) -> torch.Tensor:
     """The layout's bytes, uint8 (num_blocks, page_bytes) -> float64 (num_blocks, block_size,
     1, head_dim): each element's value times its tile's scale, exactly."""

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import torch
 
+from fmha.oracles.quantization import LAYOUTS, dequantize, pages_of
 from fmha.oracles.reference import NEG_INF, Oracle, softmax_with_sink, visibility_mask
 
 
@@ -179,9 +180,4 @@ def _decoded(cache: torch.Tensor, layout: str | None) -> torch.Tensor:
     (num_blocks, block_size, 1, head_dim); any other cache as it is."""
     if layout is None:
         return cache
-    from fmha.oracles.quantization import LAYOUTS, dequantize
-
-    spec = LAYOUTS[layout]
-    num_blocks, block_size = cache.shape[:2]
-    pages = cache.as_strided((num_blocks, block_size * spec.token_bytes), (cache.stride(0), 1))
-    return dequantize(pages, spec, block_size)
+    return dequantize(pages_of(cache), LAYOUTS[layout], cache.shape[1])

@@ -7,11 +7,13 @@ otherwise. Outputs of ragged calls are compared as one request of total_q rows.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import assume
 
-from fmha.oracles import reference
+from fmha.oracles import reference, sources
 from fmha.oracles.check import oracle_of
+from fmha.oracles.quantization import pages_of
 from fmha.oracles.sample import Inputs, Sample
 from fmha.properties.laws import _variant, assert_agrees, assert_same
 
@@ -29,20 +31,12 @@ def _run(kernel, x: Inputs, **changes):
     return o, lse
 
 
-def _pages(cache: torch.Tensor) -> torch.Tensor:
-    """A cache as one row per physical page: (num_blocks, block_size, H, D) as it is; a
-    quantized byte view (num_blocks, block_size, 1, token_bytes) as its whole padded pages."""
-    if cache.dtype != torch.uint8:
-        return cache
-    return cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
-
-
 def _reordered(cache: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """The cache with physical page `inverse[i]` moved to position i."""
-    moved = _pages(cache)[inverse].contiguous()
+    """The cache with physical page `inverse[i]` moved to position i (a quantized byte view
+    page by page, its bytes as they are)."""
     if cache.dtype != torch.uint8:
-        return moved
-    return moved[:, :cache.shape[1] * cache.shape[3]].view(cache.shape)
+        return cache[inverse].contiguous()
+    return pages_of(cache)[inverse].contiguous().view(cache.shape)
 
 
 def _moved_slots(indices: torch.Tensor, perm: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -123,8 +117,6 @@ def a_request_alone_equals_its_rows_in_the_batch(kernel, sample: Sample, device)
 
 def _alone_inputs(x: Inputs, r: int, alone: dict) -> Inputs:
     """Inputs whose oracle is request r's (for the verdict when nothing is promised)."""
-    from fmha.oracles import sources
-
     source = x.oracle_sources[0]
     one = sources.Paged(source.k_cache, source.v_cache, alone["block_table"], alone["kv_lens"])
     sample = x.sample.replace(batch=1, kv_lens=None, q_lens=None)
@@ -136,8 +128,6 @@ def two_scopes_equal_the_merge_of_each(kernel, sample: Sample, device):
     """One softmax over both scopes with the sink, and the D5 merge with the sink of each
     scope alone without it, both equal the oracle; the merge is allowed what rounding each
     part before merging costs an error-free kernel."""
-    from fmha.oracles import sources
-
     p = sample.problem
     assume(p.extra_topk is not None)
     x = sample.inputs(device)
@@ -227,8 +217,6 @@ SOURCE_LAWS = {
 def require(kernel, device: str, kinds: tuple[str, ...], needs: tuple[str, ...]) -> None:
     """Skip, with the reason, when the kernel has none of the sources a law draws or lacks
     what else it needs."""
-    import pytest
-
     caps = kernel.capabilities_on(device)
     unavailable = kernel.availability(device)
     if unavailable or device not in caps.devices:

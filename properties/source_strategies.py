@@ -40,11 +40,6 @@ def _lengths(draw, batch: int, upper: int, at_least_one: bool = False):
     return tuple(lengths)
 
 
-def _dense_view(caps: Capabilities, **changes) -> Capabilities:
-    """The capabilities `problems` draws the dense part from."""
-    return dataclasses.replace(caps, **changes)
-
-
 @st.composite
 def source_samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS),
                    kinds=("paged", "sparse"), needs=()) -> Sample:
@@ -74,10 +69,12 @@ def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool):
     """DeepSeek-V4's call: K = V, no mask (the indices decide), top-k keys per query row."""
     layouts = sorted(caps.cache_layouts)
     layout = draw(st.sampled_from([None, *layouts])) if layouts else None
-    dense = _dense_view(caps, requires=caps.requires - {"causal", "window"},
+    # The capabilities `problems` draws the dense part from: no mask; FlashMLA's head dim and
+    # dtype for a quantized cache.
+    dense = dataclasses.replace(caps, requires=caps.requires - {"causal", "window"},
                         features=caps.features - {"causal", "window"}, max_kv_len=min(caps.max_topk or MAX_TOPK, MAX_TOPK))
     if layout is not None:
-        dense = _dense_view(dense, head_dims=(512,), dtypes=(torch.bfloat16,))
+        dense = dataclasses.replace(dense, head_dims=(512,), dtypes=(torch.bfloat16,))
     problem = draw(problems(dense, device, max_kv_len=dense.max_kv_len))
     extra = two_scopes or ("two_scopes" in caps.sources and draw(st.booleans()))
     extra_layout = draw(st.sampled_from([None, *layouts])) if extra and layout else None

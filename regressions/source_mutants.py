@@ -139,7 +139,7 @@ def _decoded_as(k, layout, mistake):
     hold is a bf16 value)."""
     spec = quantization.LAYOUTS[layout]
     num_blocks, block_size = k.shape[:2]
-    pages = k.as_strided((num_blocks, block_size * spec.token_bytes), (k.stride(0), 1)).clone()
+    pages = quantization.pages_of(k).clone()
     if mistake == "scale of the next tile":
         scales = pages[:, block_size * spec.data_bytes:].view(num_blocks, block_size, spec.scale_bytes)
         scales[..., :spec.tiles] = scales[..., :spec.tiles].roll(-1, dims=-1).clone()

@@ -46,9 +46,9 @@ def sdpa_paged(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
     p = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
                              block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
                              capabilities=SDPA_PAGED)
-    if p.source == "dense":
-        return sdpa.KERNELS_BY_NAME["sdpa-math"].fn(q, k, v, scale=scale, causal=causal, window=window)
     math_sdpa = sdpa.KERNELS_BY_NAME["sdpa-math"].fn
+    if p.source == "dense":
+        return math_sdpa(q, k, v, scale=scale, causal=causal, window=window)
     bounds = cu_seqlens_q.tolist() if cu_seqlens_q is not None else None
     outputs = []
     for b in range(p.batch):
