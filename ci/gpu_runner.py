@@ -9,6 +9,8 @@ the test that caused it, not every test after it. Each test gives its cached mem
   reports are sent: xdist reports the test as having crashed its worker and starts a fresh
   one, so later tests run in a clean context. Without xdist the session stops with the
   reason instead of failing every later test for a fault that is not theirs.
+- Compiles: the terminal summary says how many Triton kernels the session compiled and the
+  seconds it spent (fmha.ci.compile_stats).
 - Hangs: a kernel that never returns blocks inside a CUDA call where no signal reaches
   Python; run GPU jobs with `--timeout N --timeout-method thread`, which ends the worker
   process and lets xdist replace it the same way.
@@ -22,6 +24,7 @@ import sys
 import pytest
 import torch
 
+from fmha.ci.compile_stats import CompileStats
 from fmha.ci.plugin import DEVICE
 
 POISONED_SECTION = "fmha: CUDA context"
@@ -44,6 +47,10 @@ def cuda_context_error() -> str | None:
 def pytest_configure(config):
     config.stash[GPU] = None
     config.pluginmanager.register(CrashReasons(), "fmha-crash-reasons")
+    if config.stash[DEVICE] == "cuda":
+        stats = CompileStats()
+        stats.install()
+        config.pluginmanager.register(stats, "fmha-compile-stats")
     workerinput = getattr(config, "workerinput", None)
     if config.stash[DEVICE] == "cuda" and workerinput is not None:
         config.stash[GPU] = int(workerinput["workerid"].removeprefix("gw")) % torch.cuda.device_count()

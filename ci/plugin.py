@@ -33,7 +33,11 @@ MARKERS = {
     "gpu": "needs a CUDA device; skipped with a reason elsewhere",
     "slow": "takes seconds through the CPU interpreter: skipped on the CPU unless --fmha-slow",
     "nightly": "nightly tier: runs only with --fmha-nightly",
+    "cpu_tier": ("runs on the CPU whatever the session's device (eager mutants, plug-in sessions and CLIs on "
+                 "--fmha-device cpu): the CPU tier's evidence; a CUDA session runs it only with --fmha-nightly"),
     "property": "hypothesis property test",
+    "starts_first": ("bounded by a timeout, not by its work (a hang or a crash isolated): collected first, so "
+                     "xdist starts it at once instead of leaving it for the tail of the run"),
     "regression": "named regression case from the trap library",
     "fmha_needs(*features)": "per-call contract features the test needs from the kernel (lse, out)",
     "fmha_suite": "a test outside fmha's packages whose `kernel`/`merge_kernel` arguments are the selected ones",
@@ -99,6 +103,13 @@ def pytest_configure(config):
     if device == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--fmha-device cuda: CUDA is not available on this machine")
     config.stash[DEVICE] = device
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        # xdist starts one worker per core and torch one thread per core in each: 16 x 16
+        # threads on 16 cores slowed every CPU-bound test (compiles, oracles) on a GPU runner.
+        threads = max(1, (os.cpu_count() or 1) // int(workerinput["workercount"]))
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # the suite's subprocesses too
     known = ledger.LEDGER
     path = config.getoption("--fmha-known-failures")
     try:
@@ -164,6 +175,7 @@ def pytest_collection_modifyitems(config, items):
     from fmha.regressions.ledger import known_failure
 
     device = config.stash[DEVICE]
+    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)  # stable: the rest keep their order
     for item in items:
         if item.get_closest_marker("gpu") and device != "cuda":
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (running on cpu)"))
@@ -171,6 +183,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="slow through the CPU interpreter: runs on GPUs, or pass --fmha-slow"))
         if item.get_closest_marker("nightly") and not config.getoption("--fmha-nightly"):
             item.add_marker(pytest.mark.skip(reason="nightly tier: pass --fmha-nightly to run it"))
+        if item.get_closest_marker("cpu_tier") and device == "cuda" and not config.getoption("--fmha-nightly"):
+            item.add_marker(pytest.mark.skip(reason="runs on the CPU whatever the device: the CPU tier's test; a CUDA "
+                                                    "session runs it with --fmha-nightly"))
         params = getattr(item, "callspec", None) and item.callspec.params
         if not params:
             continue

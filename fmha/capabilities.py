@@ -209,8 +209,12 @@ class MergeEntry:
     fn: Callable
     devices: tuple[str, ...] = ("cpu", "cuda")
     description: str = ""
+    availability: Callable[[str], str | None] = always_available
 
     def not_supported_reasons(self, device: str) -> list[str]:
+        unavailable = self.availability(device)
+        if unavailable:
+            return [unavailable]
         return [] if device in self.devices else [f"no {device} merge (runs on {', '.join(self.devices)})"]
 
     def __call__(self, *args, **kwargs):

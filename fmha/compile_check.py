@@ -47,7 +47,7 @@ def compile_attention(problem: Problem) -> tuple[dict, int, int, int]:
         K=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_D']}]>",
         V=f"tensordesc<{ty}[1,{tiles['BLOCK_N']},1,{tiles['BLOCK_DV']}]>",
     )
-    constants = triton_attention._specialization(problem, tiles, split=False, upcast=False)
+    constants = triton_attention._specialization(problem, tiles, upcast=False)
     options = {k: constants.pop(k) for k in ("num_warps", "num_stages")}
     return tiles, *_compile(ASTSource, triton_attention._attention_fwd, types, constants, options)
 

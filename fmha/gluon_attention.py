@@ -207,7 +207,9 @@ if IMPORT_ERROR is None:
         o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]
         _store_rows(O, o, split, b, kvh, row0, T, G, CHUNK, stride_os, stride_ob, stride_ot, stride_oh, pv_layout)
 
-    @gluon.jit
+    # Sizes are runtime values, never specialised: one compile per feature set, not per problem.
+    @gluon.jit(do_not_specialize=("stride_ls", "stride_lb", "stride_lh", "T", "S", "HQ", "G", "WINDOW",
+                                  "keys_per_split"))
     def _attention_fwd(
         Q, k_desc, v_desc, SINK, O, LSE,
         stride_qb, stride_qt, stride_qh,

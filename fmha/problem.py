@@ -69,6 +69,9 @@ class Problem:
                 raise ValueError(f"{name}: expected one of {', '.join(CACHE_LAYOUTS)} or None, got {getattr(self, name)!r}")
         if self.cache_layout is not None and (not self.shared_kv or self.source == "dense"):
             raise ValueError("cache_layout: a quantized cache is a paged or sparse K = V cache (shared_kv=True)")
+        if self.cache_layouts and (self.dtype != torch.bfloat16 or self.head_dim != 512):
+            raise ValueError(f"cache_layout: a quantized cache is read by bf16 queries of head dim 512, got "
+                             f"{DTYPE_NAMES[self.dtype]}, head_dim={self.head_dim}")
         if (self.extra_topk is None) != (self.extra_block_size is None) or (
                 self.extra_topk is not None and self.source != "sparse"):
             raise ValueError("extra_topk, extra_block_size: a second scope is sparse and has both")

@@ -18,16 +18,17 @@ import sys
 from fmha import dispatch, gluon_attention, merge_torch, triton_attention
 from fmha.adapters import flex, paged, sdpa
 from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
+from fmha.triton_utils import triton_availability
 
 OURS = [
     KernelEntry(
-        name="fmha", fn=dispatch.attention, capabilities=dispatch.CAPABILITIES,
+        name="fmha", fn=dispatch.attention, capabilities=dispatch.CAPABILITIES, availability=triton_availability,
         description="fmha.attention: the Gluon kernel for bf16 head dim 512 on Hopper, the Triton kernel for "
                     "everything else (compiled on CUDA, TRITON_INTERPRET=1 on CPU)",
     ),
     KernelEntry(
         name="triton", fn=dispatch.only(triton_attention.IMPLEMENTATION),
-        capabilities=triton_attention.CAPABILITIES, default_devices=(),
+        capabilities=triton_attention.CAPABILITIES, default_devices=(), availability=triton_availability,
         description="fmha's Triton kernel alone, also where fmha.attention would run the Gluon one",
     ),
     KernelEntry(
@@ -43,7 +44,8 @@ KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *fl
 MERGES: dict[str, MergeEntry] = {
     m.name: m
     for m in [
-        MergeEntry("fmha", dispatch.merge, description="fmha.merge: fmha's Triton D5 merge"),
+        MergeEntry("fmha", dispatch.merge, description="fmha.merge: fmha's Triton D5 merge",
+                   availability=triton_availability),
         MergeEntry("torch-merge", merge_torch.merge, description="eager PyTorch, float32 math"),
     ]
 }

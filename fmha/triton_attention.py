@@ -23,7 +23,7 @@ Precision of P.V (docs/contract.md: bf16 P costs ~1e-6 of cosine, below the 0.99
 Under the CPU interpreter bf16 is upcast to fp32 before any arithmetic (Triton interpreter
 issues 11584, 11604), so the same tiling and masking run with fp32 dots.
 
-Split-KV (fmha.host): with SPLIT the kernel writes each key range's normalised fp32 partial
+Split-KV (fmha.host): a split launch writes each key range's normalised fp32 partial
 and its LSE, merged after by the D5 merge.
 
 fmha.attention runs this kernel for everything but bf16 head dim 512 on Hopper, which goes
@@ -39,7 +39,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fmha.capabilities import Capabilities
 from fmha.host import Implementation, key_operand
-from fmha.triton_utils import interpreting, round_for_bf16
+from fmha.triton_utils import interpreting, round_for_bf16, triton_availability
 
 HEAD_DIMS = tuple(range(16, 513, 16))
 
@@ -117,24 +117,38 @@ def _key_loop(
 
 
 @triton.jit
+def _load_columns(base, cols, row_ok, D, EVEN_D: tl.constexpr):
+    """base[row, cols] for the rows in row_ok; columns past D (padding to the tile) as 0."""
+    if EVEN_D:
+        return tl.load(base + cols[None, :], mask=row_ok[:, None], other=0.0)
+    return tl.load(base + cols[None, :], mask=row_ok[:, None] & (cols < D)[None, :], other=0.0)
+
+
+# Sizes are runtime values, never specialised (Triton would compile again for every size that
+# is 1 or a multiple of 16): a compile per tile shape, dtype and feature, not per problem.
+RUNTIME_SIZES = ("stride_ls", "stride_lb", "stride_lh", "T", "S", "HQ", "G", "WINDOW", "keys_per_split", "D", "DV",
+                 "has_sink")
+
+
+@triton.jit(do_not_specialize=RUNTIME_SIZES)
 def _attention_fwd(
     Q, K, V, SINK, O, LSE,
     stride_qb, stride_qt, stride_qh,
     stride_os, stride_ob, stride_ot, stride_oh,
     stride_ls, stride_lb, stride_lh,
-    T, S, HQ, G, WINDOW, qk_scale, keys_per_split,
-    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    T, S, HQ, G, WINDOW, qk_scale, keys_per_split, D, DV,
+    has_sink,  # 0 or 1: a runtime branch in the epilogue, not a second compile
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    NUM_D: tl.constexpr, NUM_DV_BLOCKS: tl.constexpr,  # D in NUM_D chunks (1 or 2), DV in NUM_DV_BLOCKS programs
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,  # D == NUM_D * BLOCK_D, DV a multiple of BLOCK_DV: no column masks
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_SINK: tl.constexpr,
-    SPLIT: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
     V_FROM_K: tl.constexpr,  # K is V and BLOCK_DV == BLOCK_D: V slices are key-tile chunks
     PV_MODE: tl.constexpr,  # 0: one MMA in the input dtype, 1: bf16 hi + lo, 2: fp32
     UPCAST: tl.constexpr,  # interpreter: compute in fp32
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    NUM_DV_BLOCKS: tl.constexpr = (DV + BLOCK_DV - 1) // BLOCK_DV
-    NUM_D: tl.constexpr = (D + BLOCK_D - 1) // BLOCK_D  # 1 or 2 (the host sees to it)
     pid_split = tl.program_id(2) // NUM_DV_BLOCKS
     dv_block = tl.program_id(2) % NUM_DV_BLOCKS
     dv0 = dv_block * BLOCK_DV  # this program's slice of the output columns
@@ -165,15 +179,15 @@ def _attention_fwd(
     offs_dv = dv0 + tl.arange(0, BLOCK_DV)
     ca = dv0 if V_FROM_K else 0
     cb = BLOCK_D - ca
-    qa = tl.load(q_base + (ca + offs_d)[None, :], mask=row_ok[:, None] & (ca + offs_d < D)[None, :], other=0.0)
+    qa = _load_columns(q_base, ca + offs_d, row_ok, D, EVEN_D)
     qb = qa
     if NUM_D == 2:
-        qb = tl.load(q_base + (cb + offs_d)[None, :], mask=row_ok[:, None] & (cb + offs_d < D)[None, :], other=0.0)
+        qb = _load_columns(q_base, cb + offs_d, row_ok, D, EVEN_D)
     acc, m_i, l_i = _key_loop(
         qa, qb, K, V, b, kvh, ca, cb, dv0, lo, hi, position, qk_scale, WINDOW,
         BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, NUM_D, V_FROM_K, CAUSAL, WINDOWED, PV_MODE, UPCAST)
 
-    if HAS_SINK:
+    if has_sink:
         # The sink joins the denominator (never a value); take the max with it first so a
         # large sink cannot overflow exp2.
         sink = tl.load(SINK + h, mask=row_ok, other=0.0) * 1.4426950408889634  # log2(e)
@@ -188,12 +202,15 @@ def _attention_fwd(
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)  # ln(2)
 
-    # With SPLIT, O and LSE are the fp32 partials (splits, B, T, HQ, DV) and (splits, B, HQ, T).
+    # In a split launch O and LSE are the fp32 partials (splits, B, T, HQ, DV) and (splits, B, HQ, T).
     o_ptrs = O + pid_split * stride_os + b * stride_ob + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_dv[None, :]
     lse_ptrs = LSE + pid_split * stride_ls + b * stride_lb + h * stride_lh + t
     if UPCAST and O.dtype.element_ty == tl.bfloat16:
         o = round_for_bf16(o)
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+    if EVEN_DV:
+        tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv < DV)[None, :])
     tl.store(lse_ptrs, lse, mask=row_ok)
 
 
@@ -261,10 +278,14 @@ def _tiles(problem, device_type: str, override: tuple | None = None, k_is_v: boo
     return t
 
 
-def _specialization(problem, tiles: dict, split: bool, upcast: bool) -> dict:
+def _specialization(problem, tiles: dict, upcast: bool) -> dict:
     """The kernel's compile-time arguments for `problem` with `tiles` (warps and stages too)."""
-    return dict(D=problem.head_dim, DV=problem.head_dim_v, CAUSAL=problem.causal,
-                WINDOWED=problem.window is not None, HAS_SINK=problem.sink and not split, SPLIT=split,
+    D, DV = problem.head_dim, problem.head_dim_v
+    num_d = triton.cdiv(D, tiles["BLOCK_D"])  # 1 or 2 (_chunk sees to it)
+    return dict(NUM_D=num_d, NUM_DV_BLOCKS=triton.cdiv(DV, tiles["BLOCK_DV"]),
+                EVEN_D=D == num_d * tiles["BLOCK_D"], EVEN_DV=DV % tiles["BLOCK_DV"] == 0,
+                CAUSAL=problem.causal,
+                WINDOWED=problem.window is not None,
                 PV_MODE=_pv_mode(problem.dtype), UPCAST=upcast, **tiles)
 
 
@@ -294,8 +315,9 @@ def launch(problem, q, k, v, sink, target, target_lse, *, window, qk_scale, keys
         q.stride(0), q.stride(1), q.stride(2),
         target.stride(0), target.stride(1), target.stride(2), target.stride(3),
         target_lse.stride(0), target_lse.stride(1), target_lse.stride(2),
-        T, S, HQ, G, window or 0, qk_scale, keys_per_split,
-        **_specialization(problem, tiles, split=split, upcast=upcast),
+        T, S, HQ, G, window or 0, qk_scale, keys_per_split, problem.head_dim, problem.head_dim_v,
+        int(problem.sink and not split),  # split partials leave the sink to the merge
+        **_specialization(problem, tiles, upcast=upcast),
     )
 
 
@@ -306,6 +328,6 @@ CAPABILITIES = Capabilities(
 )
 
 IMPLEMENTATION = Implementation(
-    name="triton", capabilities=CAPABILITIES, key_tile=_key_tile, launch=launch,
+    name="triton", capabilities=CAPABILITIES, key_tile=_key_tile, launch=launch, availability=triton_availability,
     description="fmha's Triton forward kernel (compiled on CUDA, TRITON_INTERPRET=1 on CPU)",
 )

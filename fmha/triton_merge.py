@@ -18,16 +18,18 @@ from fmha.contract import check_merge_args
 from fmha.triton_utils import interpreting, round_for_bf16
 
 
-@triton.jit
+# Sizes are runtime values, never specialised: one compile per tile shape, not per problem.
+@triton.jit(do_not_specialize=("stride_lp", "stride_lb", "stride_lh", "stride_Lb", "stride_Lh",
+                               "N_ROWS", "NUM_PARTS", "HQ", "T", "DV"))
 def _merge_kernel(
     O_PART, LSE_PART, SINK, O, LSE,
     stride_op, stride_ob, stride_ot, stride_oh,
     stride_lp, stride_lb, stride_lh,
     stride_Ob, stride_Ot, stride_Oh,
     stride_Lb, stride_Lh,
-    N_ROWS, NUM_PARTS, HQ, T,
-    DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr,
-    ROUND_BF16: tl.constexpr,
+    N_ROWS, NUM_PARTS, HQ, T, DV,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr,  # EVEN_DV: DV == BLOCK_DV
+    HAS_SINK: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # output rows (b, h, t), flattened
     row_ok = rows < N_ROWS
@@ -37,7 +39,7 @@ def _merge_kernel(
     lse_base = LSE_PART + b * stride_lb + h * stride_lh + t
     o_base = O_PART + b * stride_ob + t * stride_ot + h * stride_oh
     offs = tl.arange(0, BLOCK_DV)
-    dv_ok = offs < DV
+    dv_ok = (offs < BLOCK_DV) if EVEN_DV else (offs < DV)
 
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     for i in range(NUM_PARTS):
@@ -89,8 +91,8 @@ def merge_into(o, lse, o_parts, lse_parts, sink=None) -> None:
         lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
         lse.stride(0), lse.stride(1),
-        rows, P, H, T,
-        DV=DV, BLOCK_R=block_r, BLOCK_DV=block_dv, HAS_SINK=sink is not None,
+        rows, P, H, T, DV,
+        BLOCK_R=block_r, BLOCK_DV=block_dv, EVEN_DV=DV == block_dv, HAS_SINK=sink is not None,
         ROUND_BF16=interpreting() and o.dtype == torch.bfloat16,
         num_warps=4,
     )

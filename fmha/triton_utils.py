@@ -10,6 +10,15 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def triton_availability(device) -> str | None:
+    """Why fmha's Triton kernels cannot take tensors on `device` in this process, or None: a
+    process that compiles for the GPU cannot run them on CPU tensors."""
+    if getattr(device, "type", device) == "cpu" and not interpreting():
+        return ("CPU tensors need Triton's interpreter, and this process compiles for the GPU (set "
+                "TRITON_INTERPRET=1 before importing fmha; fmha sets it only where CUDA is absent)")
+    return None
+
+
 @triton.jit
 def round_for_bf16(x):
     """fp32 -> bf16, rounded to nearest-even, built from the bits. The interpreter's own casts

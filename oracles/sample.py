@@ -16,6 +16,7 @@ Storages (each of q, k, v on its own; with K is V, v is k):
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +84,15 @@ class Sample:
             parts.append(f"scale{self.scale:.4g}")
         parts += [f"{which}.{storage}" for which, storage in self.storages.items()
                   if storage != "contiguous" and not (which == "v" and self.problem.shared_kv)]
+        for name in ("kv_lens", "q_lens", "topk_lens", "extra_topk_lens"):
+            lengths = getattr(self, name)
+            if lengths is not None:  # a batch of hundreds reads as its first lengths and a digest
+                shown = ".".join(map(str, lengths[:6]))
+                parts.append(f"{name}{shown}" + (f"..{zlib.crc32(repr(lengths).encode()):08x}" if len(lengths) > 6 else ""))
+        if self.invalid:
+            parts.append(f"invalid{self.invalid:.3g}")
+        if self.shared_pages:
+            parts.append("shared_pages")
         return "-".join(parts)
 
     def replace(self, **changes) -> Sample:

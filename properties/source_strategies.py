@@ -30,11 +30,12 @@ MAX_TOPK = 2048
 
 
 def _lengths(draw, batch: int, upper: int, at_least_one: bool = False):
-    """A length per request in [0, upper]: all `upper` most often, else drawn (0 included;
-    with `at_least_one` not all 0)."""
+    """A length per request in [0, upper]: all `upper` most often, else each 0 (a request
+    with nothing: its own bugs), `upper` or drawn between (with `at_least_one` not all 0)."""
     if draw(st.integers(0, 2)) < 2:
         return None
-    lengths = draw(st.lists(st.integers(0, upper), min_size=batch, max_size=batch))
+    length = st.one_of(st.just(0), st.just(upper), st.integers(0, upper))
+    lengths = draw(st.lists(length, min_size=batch, max_size=batch))
     if at_least_one and not any(lengths):
         lengths[-1] = upper
     return tuple(lengths)
@@ -50,19 +51,30 @@ def source_samples(draw, caps: Capabilities, device: str = "cpu", distributions=
         raise ValueError(f"source_samples: the capabilities declare no paged or sparse source ({sorted(caps.sources)})")
     kind = draw(st.sampled_from(kinds))
     block_sizes = caps.block_sizes or BLOCK_SIZES
-    block_size = draw(st.sampled_from(block_sizes))
     if kind == "paged":
         problem = draw(problems(caps, device))
+        block_size = _block_size(draw, block_sizes, problem.kv_len)
         ragged = "ragged" in caps.sources and draw(st.booleans())
         problem = problem.replace(source="paged", block_size=block_size, ragged=ragged)
         sample_fields = dict(kv_lens=_lengths(draw, problem.batch, problem.kv_len),
                              q_lens=_lengths(draw, problem.batch, problem.q_len, at_least_one=True) if ragged else None,
                              shared_pages=draw(st.booleans()))
     else:
-        problem, sample_fields = _sparse(draw, caps, device, block_size, block_sizes, "two_scopes" in needs)
+        problem, sample_fields = _sparse(draw, caps, device, draw(st.sampled_from(block_sizes)), block_sizes,
+                                         "two_scopes" in needs)
     assume(not caps.not_supported_reasons(problem, device))
     return Sample(problem=problem, scale=draw(scales(problem.head_dim)), distribution=draw(st.sampled_from(distributions)),
                   seed=draw(st.integers(0, 2**16)), **sample_fields)
+
+
+def _block_size(draw, block_sizes, keys: int) -> int:
+    """A block size; half the draws one that spreads `keys` over several pages (page
+    boundaries, the last partial page and the table's later entries are where paged kernels
+    go wrong)."""
+    several = [b for b in block_sizes if b < keys]
+    if several and draw(st.booleans()):
+        return draw(st.sampled_from(several))
+    return draw(st.sampled_from(block_sizes))
 
 
 def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool):

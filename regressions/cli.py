@@ -24,7 +24,7 @@ def _list(_args) -> int:
     from fmha.regressions.traps import MUTANTS, TRAPS
     for trap in TRAPS.values():
         mutants = [m.name for m in MUTANTS.values() if m.trap == trap.id] or ["(no mutant)"]
-        print(f"{trap.id}  seeds {', '.join(trap.seeds)}: {trap.symptom}")
+        print(f"{trap.id}  {trap.origin}: {trap.symptom}")
         for case in trap.cases:
             print(f"    case {case.id}: {case.name}")
         print(f"    mutants: {', '.join(mutants)}")

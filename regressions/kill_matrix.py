@@ -21,9 +21,12 @@ from fmha import host, triton_attention
 from fmha.capabilities import KernelEntry
 from fmha.registry import MERGES
 from fmha.tables import Table
-from fmha.oracles import metrics, verdict
-from fmha.properties import laws
+from fmha.adapters import paged
+from fmha.oracles import metrics, paging, quantization, sources, verdict
+from fmha.properties import laws, source_laws, source_strategies
+from fmha.properties.source_strategies import source_samples
 from fmha.properties.strategies import samples
+from fmha.regressions import source_mutants
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.mutation import Mutant
 from fmha.regressions.trap import Trap, check_case
@@ -41,18 +44,42 @@ def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[s
         return [f"raised {type(e).__name__}: {e}"]
 
 
+def is_v2(trap: Trap) -> bool:
+    """A trap of contract v2 (paged or index-sparse keys): the v2 laws are the ones to try."""
+    return any(case.problem.source != "dense" for case in trap.cases)
+
+
+def laws_for(trap: Trap) -> tuple:
+    return tuple(source_laws.SOURCE_LAWS) if is_v2(trap) else tuple(laws.KERNEL_LAWS)
+
+
+# A v2 mutant is the eager float64 reference with one bug: its laws cost seconds, not the
+# interpreter's minutes, so they get the draws tests/test_source_law_mutants.py gives them.
+V2_LAW_EXAMPLES = 20
+
+
+def examples_for(trap: Trap, law_examples: int) -> int:
+    return max(law_examples, V2_LAW_EXAMPLES) if is_v2(trap) else law_examples
+
+
 def law_failure(kernel: KernelEntry, law, device: str, max_examples: int) -> str | None:
     """The law's first counterexample on `kernel` (unshrunk), None when it holds, or
     'n/a: ...' when the kernel lacks what the law needs."""
     try:
-        laws.require(kernel, device, *laws.KERNEL_LAWS[law])
+        if law in source_laws.SOURCE_LAWS:
+            _, kinds, needs = source_laws.SOURCE_LAWS[law]
+            source_laws.require(kernel, device, kinds, needs)
+            strategy = source_samples(kernel.capabilities_on(device), device, kinds=kinds, needs=needs)
+        else:
+            laws.require(kernel, device, *laws.KERNEL_LAWS[law])
+            strategy = samples(kernel.capabilities_on(device), device)
     except pytest.skip.Exception as e:
         return f"n/a: {e.msg}"
     operands = (kernel, MERGES["torch-merge"]) if law is laws.split_keys_merge_to_the_whole else (kernel,)
     quick = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
                      phases=[Phase.generate], report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
     try:
-        laws.run_law(law, samples(kernel.capabilities_on(device), device), *operands, device=device, settings=quick)
+        laws.run_law(law, strategy, *operands, device=device, settings=quick)
     except pytest.skip.Exception:
         return None
     except Exception as e:  # noqa: BLE001 -- AssertionError or a crash: either way the law caught it
@@ -84,8 +111,8 @@ def mutant_row(name: str, device: str, law_examples: int) -> Row:
         row.other_traps = [t.id for t in TRAPS.values() if t.id != trap.id and any(
             case_failures(mutant, t, i, device) for i, case in enumerate(t.cases)
             if not kernel.not_supported_reasons(case.problem, device))]
-        for law in laws.KERNEL_LAWS:
-            failure = law_failure(kernel, law, device, law_examples)
+        for law in laws_for(trap):
+            failure = law_failure(kernel, law, device, examples_for(trap, law_examples))
             if failure is not None and failure.startswith("n/a"):
                 continue
             row.laws_run += 1
@@ -100,8 +127,11 @@ def row_key(name: str, law_examples: int) -> str:
     """Changes when anything a row depends on changes: the trap module (cases and mutant),
     the kernel it patches, the laws, the verdict they apply or the number of draws. Not the
     device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
-    parts = [TRAP_FILES[MUTANTS[name].trap], *(inspect.getsourcefile(m) for m in (triton_attention, host, laws, metrics, verdict))]
-    digest = hashlib.sha1(f"{name} {law_examples}".encode())
+    trap = TRAPS[MUTANTS[name].trap]
+    judged_by = (source_mutants, paged, source_laws, source_strategies, sources, paging, quantization) if is_v2(trap) \
+        else (triton_attention, host, laws)
+    parts = [TRAP_FILES[trap.id], *(inspect.getsourcefile(m) for m in (*judged_by, metrics, verdict))]
+    digest = hashlib.sha1(f"{name} {examples_for(trap, law_examples)}".encode())
     for path in parts:
         with open(path, "rb") as f:
             digest.update(f.read())
@@ -149,7 +179,6 @@ def correct_kernel_failures(kernels: list[KernelEntry], device: str) -> dict[str
 
 
 def render(rows: list[Row], correct: dict[str, list[str]], device: str, command: str, date: str) -> str:
-    law_names = [law.__name__ for law in laws.KERNEL_LAWS]
     devices = ", ".join(sorted({r.device for r in rows}))
     out = [
         "# Kill matrix",
@@ -160,7 +189,9 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
         "put back (regressions/traps/). CI asserts the diagonal (every mutant fails every case of its",
         "own trap) and that correct kernels pass every case (tests/test_kill_matrix.py, regressions/test_traps.py); this page shows",
         "what else catches each bug, including the generic property suite (the metamorphic laws of",
-        "properties/laws.py, first counterexample of a few hypothesis draws each).",
+        "properties/laws.py, or for a contract-v2 trap those of properties/source_laws.py; first",
+        f"counterexample of a few hypothesis draws each, {V2_LAW_EXAMPLES} for a v2 law). A v2 mutant is the float64",
+        "reference kernel with one paged or sparse bug (regressions/source_mutants.py).",
         "",
     ]
     table = Table(["mutant", "bug", "its own trap's cases", "other traps' cases that catch it",
@@ -182,5 +213,6 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
     for name, failures in correct.items():
         correct_table.add(name, "; ".join(failures) if failures else "0")
     out += ["", "## Correct kernels on every named case", "", correct_table.markdown()]
-    out += ["", f"Laws run: {', '.join(law_names)}.", ""]
+    out += ["", f"Laws run: {', '.join(law.__name__ for law in laws.KERNEL_LAWS)}.",
+            f"Contract-v2 laws run: {', '.join(law.__name__ for law in source_laws.SOURCE_LAWS)}.", ""]
     return "\n".join(out)

@@ -8,26 +8,40 @@ and promises. Plug one in like any kernel:
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from fmha.adapters.paged import REFERENCE, reference
 from fmha.capabilities import KernelEntry
 from fmha.oracles import quantization
 from fmha.oracles.reference import merge
+from fmha.regressions.mutation import Mutant
 
 
 def _bug(fn):
-    """The bug lives in the paged or sparse path: a dense call (no block table, no indices)
-    is the reference's, as a kernel with both paths would run it."""
-    import functools
+    """The bug lives on one path: a call without the arguments that path reads (a dense call,
+    a paged call for a bug in the indices, an unquantized cache for a decoding bug) is the
+    reference's, as a kernel with every path would run it, so a law catches the bug and not
+    a missing argument."""
+    needs = [name for name, p in inspect.signature(fn).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
 
     @functools.wraps(fn)
     def kernel(q, k, v, **kwargs):
-        if kwargs.get("block_table") is None and kwargs.get("indices") is None:
+        dense = kwargs.get("block_table") is None and kwargs.get("indices") is None
+        if dense or any(kwargs.get(name) is None for name in needs):
             return reference(q, k, v, **kwargs)
         return fn(q, k, v, **kwargs)
 
     return kernel
+
+
+def _one_line(doc: str) -> str:
+    """A docstring's first paragraph as the kill matrix's one-line bug: "the last page ..."."""
+    text = " ".join(doc.split("\n\n")[0].split()).rstrip(".")
+    return text[0].lower() + text[1:]
 
 
 @_bug
@@ -53,8 +67,10 @@ def contiguous_pages(q, k, v, *, block_table, **kw):
 
 @_bug
 def power_of_two_pages(q, k, v, *, block_table, kv_lens, **kw):
-    """Slot arithmetic with shifts and masks: j >> log2(block_size), j & (block_size - 1),
-    right for powers of two only. Expressed as the slots it reads, remapped into the table."""
+    """Slot arithmetic with shifts and masks, j >> log2(block_size) and j & (block_size - 1):
+    right for powers of two only.
+
+    Expressed as the slots it reads, remapped into the table."""
     block_size = k.shape[1]
     shift = max(block_size.bit_length() - 1, 0)
     if block_size == 1 << shift:
@@ -171,4 +187,9 @@ _ALL = (one_table_row, whole_last_page, contiguous_pages, power_of_two_pages, ba
 for _fn in _ALL:
     _fn.capabilities = REFERENCE  # as a plug-in (--fmha-kernel ...:name) it claims what the reference does
 MUTANTS = {fn.__name__: KernelEntry(name=fn.__name__.replace("_", "-"), fn=fn, capabilities=REFERENCE,
-                                    default_devices=(), description=fn.__doc__.split("\n")[0]) for fn in _ALL}
+                                    default_devices=(), description=_one_line(fn.__doc__)) for fn in _ALL}
+
+
+def as_mutant(trap: str, name: str) -> Mutant:
+    """Kernel `name` of this module as the mutant that proves trap `trap`'s cases."""
+    return Mutant(trap, trap, MUTANTS[name].description, lambda: MUTANTS[name])

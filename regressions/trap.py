@@ -25,19 +25,26 @@ Symptom = Callable[[torch.Tensor, torch.Tensor, Problem], "str | None"]
 @dataclass(frozen=True)
 class Trap:
     id: str  # kebab-case, e.g. "normalize-twice"
-    seeds: tuple[str, ...]  # the seed logs it comes from, e.g. ("002",)
+    seeds: tuple[str, ...]  # the seed logs it comes from, e.g. ("002",); () when `source` says where
     symptom: str  # what a user sees
     root_cause: str  # what was wrong in the kernel
     cases: tuple[Sample, ...]  # each with its name: what about these inputs exposes the trap
     source: str = "docs/contract.md trap table"  # or where in the seeds it was found
     symptoms: tuple[Symptom, ...] = ()  # checks beyond the verdict
 
+    @property
+    def origin(self) -> str:
+        """Where the trap comes from, for messages: ``seed 002`` or its source."""
+        return f"seed {', '.join(self.seeds)}" if self.seeds else self.source
+
     def __post_init__(self):
         for name in ("id", "symptom", "root_cause"):
             if not getattr(self, name).strip():
                 raise ValueError(f"Trap.{name} is mandatory")
-        if not self.seeds or not self.cases:
-            raise ValueError(f"trap {self.id!r}: needs at least one seed reference and one case")
+        if not self.cases:
+            raise ValueError(f"trap {self.id!r}: needs at least one case")
+        if not self.seeds and self.source == Trap.source:
+            raise ValueError(f"trap {self.id!r}: name the seed logs it comes from, or its source (where the bug was seen)")
 
 
 def reproducer(problem: Problem, distribution: str = "normal", why: str = "", **sample_fields) -> Sample:

@@ -16,7 +16,8 @@ from fmha.regressions.traps.warp_collective_tmem import _collective_epilogue
 pytestmark = pytest.mark.regression
 
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "kill-matrix.md")
-DIAGONAL = [pytest.param(m, i, id=f"{m.name}/{TRAPS[m.trap].cases[i].id}")
+DIAGONAL = [pytest.param(m, i, id=f"{m.name}/{TRAPS[m.trap].cases[i].id}",
+                         marks=[pytest.mark.starts_first] if m.isolate else [])
             for m in MUTANTS.values() for i in range(len(TRAPS[m.trap].cases))]
 
 

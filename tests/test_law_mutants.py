@@ -18,6 +18,8 @@ from fmha.problem import Problem
 from fmha.properties import laws
 from fmha.properties.strategies import samples
 
+pytestmark = pytest.mark.cpu_tier  # eager mutants on the CPU: nightly on CUDA
+
 FIND_AND_SHRINK = settings(max_examples=80, derandomize=True, database=None, deadline=None, report_multiple_bugs=False)
 _calls = itertools.count()
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.cpu_tier  # the gate on --fmha-device cpu: nightly on CUDA
+
 RAISING = textwrap.dedent('''
     from fmha.adapters.paged import REFERENCE, reference
 

@@ -10,15 +10,11 @@ import torch
 
 from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
-from fmha.problem import Problem
+from fmha.regressions.source_cases import PAGED, SPARSE, TWO_SCOPES
 from fmha.regressions.source_mutants import MUTANTS
+from fmha.regressions.trap import check_case
+from fmha.regressions.traps import TRAPS
 from fmha.registry import KERNELS
-
-PAGED = Problem(batch=3, q_len=2, kv_len=9, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=8, causal=True,
-                source="paged", block_size=4)
-SPARSE = Problem(batch=2, q_len=2, kv_len=6, heads_q=8, heads_kv=1, head_dim=512, shared_kv=True, sink=True,
-                 source="sparse", block_size=5, cache_layout="dsv4-fp8")
-TWO_SCOPES = SPARSE.replace(extra_topk=4, extra_block_size=2, extra_cache_layout="dsv4-fp4")
 
 SAMPLES = {
     "paged": Sample(problem=PAGED, kv_lens=(9, 0, 5), shared_pages=True, seed=1),
@@ -57,3 +53,14 @@ BUGS = [
 def test_a_kernel_with_a_shipped_bug_fails_the_verdict(bug, name):
     verdict = check_sample(MUTANTS[bug], SAMPLES[name])
     assert not verdict.passed, f"{bug} passed {name}: {verdict.message()}"
+
+
+V2_CASES = [(trap, case) for trap in TRAPS.values() for case in trap.cases if case.problem.source != "dense"]
+
+
+@pytest.mark.parametrize("trap, case", V2_CASES, ids=[f"{t.id}/{c.id}" for t, c in V2_CASES])
+def test_the_reference_kernel_passes_every_contract_v2_named_case(trap, case):
+    """The correct kernel the v2 traps are proven against (their mutants fail them:
+    tests/test_kill_matrix.py)."""
+    failures = check_case(KERNELS["reference"], case, "cpu", trap.symptoms)
+    assert not failures, f"{trap.id}/{case.id}: {failures}"

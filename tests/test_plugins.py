@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cpu_tier  # plug-in sessions on --fmha-device cpu: nightly on CUDA
+
 pytest_plugins = ["pytester"]
 
 AGREEMENT = str(Path(__file__).resolve().parents[1] / "properties" / "test_agreement.py")

@@ -1,4 +1,5 @@
-"""What a runner gets: deterministic shards across hosts (pytest-split) and JUnit XML."""
+"""What a runner gets: deterministic shards across hosts (pytest-split), JUnit XML, and the
+tests that wait out a timeout first."""
 
 import re
 import textwrap
@@ -45,3 +46,18 @@ def test_junit_xml_lists_every_test(pytester, device):
     if device == "cuda":  # each test says which GPU its worker was pinned to
         gpus = [p.get("value") for p in ET.parse(report).getroot().iter("property") if p.get("name") == "gpu"]
         assert len(gpus) == 10 and all(g.isdigit() for g in gpus)
+
+
+def test_tests_that_wait_out_a_timeout_are_collected_first_the_rest_in_order(pytester):
+    pytester.makepyfile(test_session=textwrap.dedent('''
+        import pytest
+
+        def test_a(): pass
+
+        @pytest.mark.starts_first
+        def test_b(): pass
+
+        def test_c(): pass
+    '''))
+    order = _collected(pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider"))
+    assert order == ["test_session.py::test_b", "test_session.py::test_a", "test_session.py::test_c"], order

@@ -9,6 +9,8 @@ from fmha.properties.source_strategies import source_samples
 from fmha.registry import KERNELS
 from fmha.regressions.source_mutants import MUTANTS
 
+pytestmark = pytest.mark.cpu_tier  # eager mutants on the CPU: nightly on CUDA
+
 FIND = settings(max_examples=20, derandomize=True, database=None, deadline=None, report_multiple_bugs=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 

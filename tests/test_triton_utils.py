@@ -28,3 +28,18 @@ def test_round_for_bf16_matches_torch_bitwise_subnormals_included(device):
     expected = x.cpu().to(torch.bfloat16).to(device)
     differ = y.view(torch.int16) != expected.view(torch.int16)
     assert not differ.any(), f"{int(differ.sum())} differ; first: {x[differ][0].item()!r} -> {y[differ][0].item()!r}"
+
+
+def test_a_process_that_compiles_for_the_gpu_refuses_cpu_tensors_saying_why(monkeypatch):
+    """On a CUDA machine fmha compiles; `--fmha-device cpu` there must skip its Triton kernels
+    and merge with the reason, not fail in Triton's launcher ("cpu tensor?")."""
+    from fmha.registry import KERNELS, MERGES
+    from fmha.triton_utils import triton_availability
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "TRITON_INTERPRET=1" in triton_availability("cpu")
+    assert triton_availability("cuda") is None
+    assert MERGES["fmha"].not_supported_reasons("cpu") == [triton_availability("cpu")]
+    assert KERNELS["fmha"].availability("cpu") == triton_availability("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_availability("cpu") is None and not MERGES["fmha"].not_supported_reasons("cpu")

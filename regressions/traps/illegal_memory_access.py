@@ -24,7 +24,7 @@ MUTANTS = (
     Mutant(
         "illegal-memory-access", TRAP.id, "loads q from 2^40 elements past its base, unmasked",
         lambda: patched_triton_kernel("illegal-memory-access", (
-            "qa = tl.load(q_base + (ca + offs_d)[None, :], mask=row_ok[:, None] & (ca + offs_d < D)[None, :], other=0.0)",
+            "qa = _load_columns(q_base, ca + offs_d, row_ok, D, EVEN_D)",
             "qa = tl.load(q_base + 1099511627776 + (ca + offs_d)[None, :])",
         )),
         isolate="crash",

@@ -23,6 +23,7 @@ MUTANTS = (
     Mutant(
         "partial-head-dim", TRAP.id, "q's head dims 64 and above are masked out of QK^T",
         lambda: patched_triton_kernel(
-            "partial-head-dim", ("(ca + offs_d < D)", "(ca + offs_d < 64)"), ("(cb + offs_d < D)", "(cb + offs_d < 64)")),
+            "partial-head-dim", ('EVEN_D=D == num_d * tiles["BLOCK_D"]', "EVEN_D=False"),  # masks always on
+            ("(cols < D)", "(cols < 64)")),
     ),
 )

@@ -53,6 +53,7 @@ MUTANTS = (
         "warp-collective-tmem-half-columns", TRAP.id,
         "the epilogue store writes only the columns of lanes 0-15 of each 32",
         lambda: patched_triton_kernel("warp-collective-tmem-half-columns", (
+            'EVEN_DV=DV % tiles["BLOCK_DV"] == 0', "EVEN_DV=False"), (  # the masked store always
             "mask=row_ok[:, None] & (offs_dv < DV)[None, :])",
             "mask=row_ok[:, None] & (offs_dv < DV)[None, :] & ((offs_dv % 32) < 16)[None, :])",
         )),
