@@ -36,8 +36,8 @@ MARKERS = {
     "cpu_tier": ("runs on the CPU whatever the session's device (eager mutants, plug-in sessions and CLIs on "
                  "--fmha-device cpu): the CPU tier's evidence; a CUDA session runs it only with --fmha-nightly"),
     "property": "hypothesis property test",
-    "starts_first": ("bounded by a timeout, not by its work (a hang or a crash isolated): collected first, so "
-                     "xdist starts it at once instead of leaving it for the tail of the run"),
+    "starts_first": ("long and bounded by a timeout or a subprocess, not by its work (a hang or a crash isolated, a "
+                     "nested session): starts at once, each on its own xdist worker, never the tail of the run"),
     "regression": "named regression case from the trap library",
     "fmha_needs(*features)": "per-call contract features the test needs from the kernel (lse, out)",
     "fmha_suite": "a test outside fmha's packages whose `kernel`/`merge_kernel` arguments are the selected ones",
@@ -171,11 +171,45 @@ def problem_params(problems, marks=()) -> list:
     return [pytest.param(p, id=p.id, marks=marks) for p in problems]
 
 
+def starts_first_order(items: list, config) -> list:
+    """`starts_first` tests at the head of different xdist workers' first batches, the rest in
+    order. xdist's load scheduler hands each worker a batch of consecutive tests first
+    (worksteal: an equal share of them): all of them at the front of the collection put every
+    one on the first worker, one after the other, and that worker was a cold H200 run's tail
+    (192 s of the run's 231 s, 2026-12-01)."""
+    first = [item for item in items if item.get_closest_marker("starts_first")]
+    rest = [item for item in items if not item.get_closest_marker("starts_first")]
+    workerinput = getattr(config, "workerinput", {})
+    workers = int(workerinput.get("workercount", 1))
+    if workers == 1 or not first:
+        return first + rest
+    if len(items) < 2 * workers:  # one test to each worker in turn
+        batch = 1
+    elif workerinput.get("fmha_dist") == "worksteal":
+        batch = len(items) // workers
+    else:  # xdist.scheduler.load.LoadScheduling.schedule
+        batch = max(min(len(items) // workers // 4, workerinput.get("fmha_maxschedchunk") or len(items)), 2)
+    order = []
+    for worker in range(workers):
+        head = first[worker:worker + 1]
+        order += head + rest[:batch - len(head)]
+        del rest[:batch - len(head)]
+    return order + first[workers:] + rest
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """On the xdist controller: tell each worker how the tests will be scheduled (a worker's
+    own `--dist` reads "no")."""
+    node.workerinput["fmha_dist"] = node.config.getoption("dist")
+    node.workerinput["fmha_maxschedchunk"] = node.config.getoption("maxschedchunk")
+
+
 def pytest_collection_modifyitems(config, items):
     from fmha.regressions.ledger import known_failure
 
     device = config.stash[DEVICE]
-    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)  # stable: the rest keep their order
+    items[:] = starts_first_order(items, config)
     for item in items:
         if item.get_closest_marker("gpu") and device != "cuda":
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (running on cpu)"))

@@ -130,6 +130,7 @@ def test_the_readme_command_collects_properties_and_regressions_for_the_users_ke
     assert [p.name for p in user.iterdir() if not p.name.startswith(".")] == ["mykernel.py"]
 
 
+@pytest.mark.starts_first  # a nested session of the installed package: the module's longest test
 def test_a_failure_prints_a_command_that_reproduces_it_from_the_users_directory(installed):
     env, _, user = installed
     run = _run(COMMAND + ["-p", "no:cacheprovider", "-x", "-k", "test_kernel_matches_oracle and scale0.3 and bf16"],

@@ -26,12 +26,22 @@ SESSION = textwrap.dedent(f'''
         assert not check_case(resolve("fmha"), TRAPS["missing-scale"].cases[0], device)
 ''')
 CONFTEST = textwrap.dedent('''
+    import pytest
+
     def pytest_addoption(parser):
         parser.addoption("--bad-kernel")
+        parser.addoption("--bad-kernel-timeout", type=float)
+
+    def pytest_collection_modifyitems(config, items):
+        for item in items:
+            if item.name == "test_0_bad_kernel" and config.getoption("--bad-kernel-timeout"):
+                item.add_marker(pytest.mark.timeout(config.getoption("--bad-kernel-timeout")))
 ''')
 HANG = "mutant:warp-collective-tmem-hang@warp-collective-tmem"
 FAULT = "mutant:illegal-memory-access@illegal-memory-access"
 TIMEOUT_S = {"cpu": 8, "cuda": 30}  # per test of the session: a cold compile fits, the hang costs no more
+# The hang itself: its kernel compiles in 0.1 s (H200, cold), so it needs no room for a compile.
+HANG_TIMEOUT_S = {"cpu": 8, "cuda": 15}
 
 
 def _session(pytester, device, bad_kernel, *args):
@@ -48,7 +58,8 @@ def _failed_tests(output: str) -> set[str]:
 
 @pytest.mark.parametrize("bad_kernel", [pytest.param(HANG, id="hang"), pytest.param(FAULT, id="memory-fault")])
 def test_a_bad_kernel_fails_alone_and_later_tests_pass(pytester, device, bad_kernel):
-    result = _session(pytester, device, bad_kernel, "-n", "2")
+    hang_timeout = [f"--bad-kernel-timeout={HANG_TIMEOUT_S[device]}"] if bad_kernel == HANG else []
+    result = _session(pytester, device, bad_kernel, "-n", "2", *hang_timeout)
     output = result.stdout.str()
     assert _failed_tests(output) == {"test_session.py::test_0_bad_kernel"}, output[-4000:]
     assert result.parseoutcomes().get("passed") == LATER_TESTS, output[-4000:]

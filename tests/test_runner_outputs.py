@@ -35,6 +35,7 @@ def test_two_shards_are_disjoint_cover_everything_and_repeat(pytester):
     assert again == shards[0]
 
 
+@pytest.mark.starts_first  # a nested two-worker session
 def test_junit_xml_lists_every_test(pytester, device):
     pytester.makepyfile(test_session=SESSION)
     report = pytester.path / "junit.xml"
@@ -46,6 +47,35 @@ def test_junit_xml_lists_every_test(pytester, device):
     if device == "cuda":  # each test says which GPU its worker was pinned to
         gpus = [p.get("value") for p in ET.parse(report).getroot().iter("property") if p.get("name") == "gpu"]
         assert len(gpus) == 10 and all(g.isdigit() for g in gpus)
+
+
+@pytest.mark.parametrize("dist", ["load", "worksteal"])
+def test_under_xdist_each_worker_starts_with_a_different_timeout_bound_test(pytester, device, dist):
+    log = pytester.path / "ran.txt"
+    pytester.makepyfile(test_session=textwrap.dedent(f'''
+        import os
+        import pytest
+
+        def _ran(name):
+            with open({str(log)!r}, "a") as f:
+                f.write(os.environ["PYTEST_XDIST_WORKER"] + " " + name + "\\n")
+
+        @pytest.mark.parametrize("n", range(10))
+        def test_rest(n): _ran(f"rest{{n}}")
+
+        @pytest.mark.starts_first
+        def test_first_a(): _ran("first_a")
+
+        @pytest.mark.starts_first
+        def test_first_b(): _ran("first_b")
+    '''))
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--fmha-device={device}", "-n", "2",
+                                  f"--dist={dist}").assert_outcomes(passed=12)
+    by_worker = {}
+    for line in log.read_text().splitlines():
+        worker, name = line.split()
+        by_worker.setdefault(worker, []).append(name)
+    assert sorted(names[0] for names in by_worker.values()) == ["first_a", "first_b"], by_worker
 
 
 def test_tests_that_wait_out_a_timeout_are_collected_first_the_rest_in_order(pytester):

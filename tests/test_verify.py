@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 RAISING = textwrap.dedent('''
     from fmha.registry import KERNELS
 
@@ -22,6 +24,7 @@ RAISING = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.starts_first  # runs the whole verify job in a subprocess
 def test_a_kernel_that_raises_costs_its_cases_and_the_run_goes_on(tmp_path):
     (tmp_path / "raising_kernels.py").write_text(RAISING)
     report = tmp_path / "verify.json"
