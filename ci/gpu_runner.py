@@ -2,7 +2,8 @@
 the test that caused it, not every test after it. Each test gives its cached memory back.
 
 - Pinning: under `pytest -n auto` worker gwN runs on GPU N mod (number of GPUs); the GPU
-  index is recorded on every test report (a JUnit XML property).
+  index is recorded on every test report (a JUnit XML property). The workers on one GPU
+  share 70% of its memory evenly (`torch.cuda.set_per_process_memory_fraction`).
 - Poisoned context: after a failed test on CUDA the plugin synchronizes and runs a tiny op.
   If that raises (an illegal memory access leaves the context unusable for the rest of the
   process), the failure gets a section saying so, and the worker exits once the test's
@@ -30,6 +31,12 @@ from fmha.ci.plugin import DEVICE
 POISONED_SECTION = "fmha: CUDA context"
 WORKER_EXIT_CODE = 3
 GPU = pytest.StashKey[int | None]()  # the GPU this process's tests run on (None: not pinned)
+# What the workers on one GPU may hold together in PyTorch's allocator, split evenly; the rest
+# is their CUDA contexts and compiled modules (about 1 GB a worker: at 16 x 7.97 GB allocated
+# an H200 showed 143 GB in use, 2026-12-01). Without a cap each worker's cache grew to its
+# largest draw: under the nightly profile 16 workers held 8.5 GB each, the GPU ran out and 51
+# tests failed. At the cap the allocator gives its cache back and retries before it raises.
+GPU_MEMORY_SHARE = 0.7
 POISONED = pytest.StashKey[str]()  # on a test item: the error its failure left the context with
 
 
@@ -55,6 +62,8 @@ def pytest_configure(config):
     if config.stash[DEVICE] == "cuda" and workerinput is not None:
         config.stash[GPU] = int(workerinput["workerid"].removeprefix("gw")) % torch.cuda.device_count()
         torch.cuda.set_device(config.stash[GPU])
+        sharing = -(-int(workerinput["workercount"]) // torch.cuda.device_count())
+        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / sharing)
 
 
 def pytest_runtest_setup(item):

@@ -39,11 +39,15 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # rows x 64 keys x 256 head-dim columns whatever else is drawn (CPU, 2026-12-01), counted for
 # the MHA layout because the GQA law runs that too. Keys: B * Hq * S * (D + Dv), the float64
 # K and V the oracle repeats for every query head (at 2^27, 1 GB each; decode draws of
-# 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out, 2026-12-01).
+# 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out, 2026-12-01). Rows:
+# B * Hq * T * (D + Dv), the float64 Q and O (the work budget bounds it on the CPU; on a GPU
+# few keys let 160 x 64 heads x 300 queries x 1024 dims through: 12 GB of float64 Q, and the
+# nightly profile's draws filled every worker's 8 GB share, 2026-12-01).
 WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
 LOGIT_BUDGET = {"cpu": 2**22, "cuda": 2**24}
 TILE_BUDGET = {"cpu": 64, "cuda": 1e9}
 KEY_BUDGET = {"cpu": 4e7, "cuda": 2**27}
+ROW_BUDGET = {"cpu": 4e7, "cuda": 2**27}
 
 
 def _cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:
@@ -51,9 +55,10 @@ def _cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> f
     logits = batch * heads_q * q_len * kv_len
     work = logits * (head_dim + head_dim_v)
     keys = batch * heads_q * kv_len * (head_dim + head_dim_v)
+    rows = batch * heads_q * q_len * (head_dim + head_dim_v)
     tiles = batch * heads_q * -(-q_len // 32) * -(-kv_len // 64) * -(-head_dim // 256) * -(-head_dim_v // 256)
     return max(work / WORK_BUDGET[device], logits / LOGIT_BUDGET[device], tiles / TILE_BUDGET[device],
-               keys / KEY_BUDGET[device])
+               keys / KEY_BUDGET[device], rows / ROW_BUDGET[device])
 
 
 def _length(upper: int):
