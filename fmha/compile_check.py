@@ -1,8 +1,9 @@
 """Compile fmha's attention kernels for Hopper (sm_90) on any machine, no GPU needed, and report
 what the tile table costs: shared memory, registers, stack (spills). Head dim 512 in bf16 also
-compiles the Gluon kernel that runs it on Hopper (fmha.gluon_attention).
+compiles the Gluon kernel that runs it on Hopper (fmha.gluon_attention); `--sources` compiles
+contract v2's kernel (fmha.triton_sources) for its DSV4 sparse decode and a ragged paged prefill.
 
-    TRITON_INTERPRET=0 python -m fmha.compile_check [HEAD_DIM ...] [--dtype bf16|fp16|fp32 ...]
+    TRITON_INTERPRET=0 python -m fmha.compile_check [HEAD_DIM ...] [--dtype bf16|fp16|fp32 ...] [--sources]
 
 Triton's bundled ptxas does the work, so a tile that would not fit a real H100/H200 (shared
 memory above the 227 KiB a block may use) fails here, on a laptop or a CPU CI runner, instead
@@ -29,7 +30,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fmha import gluon_attention, triton_attention
+from fmha import gluon_attention, triton_attention, triton_sources
 from fmha.problem import Problem
 
 HOPPER = GPUTarget("cuda", 90, 64)
@@ -66,6 +67,34 @@ def compile_gluon(problem: Problem) -> tuple[int, int, int]:
     return _compile(GluonASTSource, gluon_attention._attention_fwd, types, constants, {"num_warps": 4})
 
 
+# Contract v2's shapes: DSV4 sparse decode (FP8 window cache, FP4 compressed cache, sink) and
+# a causal ragged paged prefill.
+SOURCE_PROBLEMS = {
+    "DSV4 sparse decode, FP8 + FP4 scopes": Problem(
+        batch=64, q_len=1, kv_len=128, heads_q=128, heads_kv=1, head_dim=512, shared_kv=True, sink=True,
+        source="sparse", block_size=64, cache_layout="dsv4-fp8", extra_topk=512, extra_block_size=64,
+        extra_cache_layout="dsv4-fp4"),
+    "ragged paged prefill, D=128 bf16": Problem(
+        batch=4, q_len=16, kv_len=1000, heads_q=8, heads_kv=2, head_dim=128, causal=True, source="paged",
+        block_size=16, ragged=True),
+}
+
+
+def compile_sources(problem: Problem) -> tuple[dict, int, int, int]:
+    """(tiles, shared memory bytes, registers per thread, stack bytes per thread) of the v2
+    kernel the host code would launch for `problem` on a GPU."""
+    tiles = triton_sources._tiles(problem, "cuda")
+    ty = TRITON_TYPES[problem.dtype]
+    cache = lambda layout: "*u8" if layout else f"*{ty}"  # noqa: E731
+    types = dict(Q=f"*{ty}", K=cache(problem.cache_layout), V=cache(problem.cache_layout),
+                 K2=cache(problem.extra_cache_layout or problem.cache_layout), SINK="*fp32", O=f"*{ty}",
+                 LSE="*fp32", qk_scale="fp32",
+                 **{name: "*i32" for name in ("BT", "KV_LENS", "CU_Q", "IDX", "TOPK_LEN", "IDX2", "TOPK_LEN2")})
+    constants = triton_sources.specialization(problem, tiles, upcast=False)
+    options = {k: constants.pop(k) for k in ("num_warps", "num_stages")}
+    return tiles, *_compile(ASTSource, triton_sources._sources_fwd, types, constants, options)
+
+
 def _compile(source_type, kernel, types: dict, constants: dict, options: dict) -> tuple[int, int, int]:
     """Compile `kernel` for sm_90 (arguments not in `types` are i32, `constants` constexpr);
     return (shared memory bytes, registers per thread, stack bytes per thread)."""
@@ -92,6 +121,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("head_dims", type=int, nargs="*", default=[64, 80, 128, 192, 256, 384, 512])
     parser.add_argument("--dtype", action="append", choices=sorted(TRITON_TYPES.values()), default=[])
+    parser.add_argument("--sources", action="store_true", help="also contract v2's kernel (fmha.triton_sources)")
     args = parser.parse_args(argv)
     dtypes = [t for t, name in TRITON_TYPES.items() if not args.dtype or name in args.dtype]
     failures = 0
@@ -110,6 +140,14 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 -- a compiler error is a finding, reported like the others
             failures += 1
             print(f"{what}: does not compile: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+    for what, problem in SOURCE_PROBLEMS.items() if args.sources else ():
+        try:
+            tiles, shared, registers, stack = compile_sources(problem)
+            shape = tuple(tiles[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "num_warps"))
+            failures += _report(f"v2 {what}: tiles {shape}", shared, registers, stack)
+        except Exception as e:  # noqa: BLE001 -- as above
+            failures += 1
+            print(f"v2 {what}: does not compile: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
     return 1 if failures else 0
 
 

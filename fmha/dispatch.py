@@ -1,27 +1,40 @@
 """fmha.attention and fmha.merge: the public entry points.
 
     o, lse = fmha.attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None)
+    o, lse = fmha.attention(q, k_cache, v_cache, *, block_table, kv_lens, cu_seqlens_q=None, ...)  # paged
+    o, lse = fmha.attention(q, k_cache, k_cache, *, indices, topk_len=None, extra_k_cache=None, ...)  # sparse
     o, lse = fmha.merge([(o_1, lse_1), (o_2, lse_2), ...], sink=None)
 
 `attention` checks the call against the contract (fmha.contract), then runs the first
 implementation in IMPLEMENTATIONS that supports it on this device (xformers' dispatch is the
 model): the Gluon kernel for bf16 head dim 512 on Hopper, the Triton kernel for everything
-else. `implementation="triton"` (or "gluon") runs that one or raises NotSupportedError with
-its reasons; `not_supported_reasons` says why each one would not run a call.
+else; contract v2's sources (a block table or indices: docs/contract.md) go to
+fmha.triton_sources. `implementation="triton"` (or "gluon") runs that one or raises
+NotSupportedError with its reasons; `not_supported_reasons` says why each one would not run
+a dense call.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from fmha import gluon_attention, host, triton_attention, triton_merge
+from fmha import gluon_attention, host, triton_attention, triton_merge, triton_sources
 from fmha.contract import NotSupportedError, check_attention_args
 from fmha.problem import Problem
+from fmha.triton_utils import triton_availability
 
 # In priority order: the first that supports a call runs it.
 IMPLEMENTATIONS: tuple[host.Implementation, ...] = (gluon_attention.IMPLEMENTATION, triton_attention.IMPLEMENTATION)
-# What fmha.attention supports: the union, which is the Triton kernel's.
-CAPABILITIES = triton_attention.CAPABILITIES
+# What fmha.attention supports: the union, the Triton kernels' (dense, and v2's sources);
+# on GPUs the dense kernels' alone, until the v2 kernel has run on one.
+CAPABILITIES = dataclasses.replace(
+    triton_attention.CAPABILITIES, sources=triton_attention.CAPABILITIES.sources | triton_sources.CAPABILITIES.sources,
+    cache_layouts=triton_sources.CAPABILITIES.cache_layouts)
+CUDA_CAPABILITIES = dataclasses.replace(triton_attention.CAPABILITIES, notes={
+    **triton_attention.CAPABILITIES.notes,
+    **{key: triton_sources.UNTRIED_ON_GPUS for key in (*triton_sources.CAPABILITIES.sources, "cache_layout")}})
 
 
 def not_supported_reasons(problem: Problem, device, needs=()) -> dict[str, list[str]]:
@@ -47,9 +60,35 @@ def _attend(implementations, q, k, v, *, scale, causal, window, sink, out, **ove
     return host.run(impl, problem, q, k, v, scale=scale, window=problem.window, sink=sink, out=out, **overrides)
 
 
-def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, implementation=None):
-    """The contract's attention (docs/contract.md): (o (B, T, Hq, Dv), lse (B, Hq, T) float32).
-    `implementation`: the name of the one to run (else the first that supports the call)."""
+def _attend_sources(q, k, v, *, scale, causal, window, sink, out, implementation, **source_args):
+    problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
+                                   **source_args)
+    reasons = ([f"{implementation}: dense calls only (paged and sparse ones run on the Triton kernel)"]
+               if implementation not in (None, "triton") else [])
+    unavailable = triton_availability(q.device)
+    reasons += [unavailable] if unavailable else []
+    reasons += triton_sources.CAPABILITIES.not_supported_reasons(problem, q.device.type,
+                                                                  ("out",) if out is not None else ())
+    if reasons:
+        raise NotSupportedError("; ".join(reasons))
+    return triton_sources.attention(problem, q, k, v, scale=scale, sink=sink, out=out, window=problem.window,
+                                    **source_args)
+
+
+def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, block_table=None, kv_lens=None,
+              cu_seqlens_q=None, indices=None, topk_len=None, extra_k_cache=None, extra_indices=None,
+              extra_topk_len=None, cache_layout=None, extra_cache_layout=None, implementation=None):
+    """The contract's attention (docs/contract.md): (o (B, T, Hq, Dv), lse (B, Hq, T) float32),
+    over dense keys or, with a block table or indices, contract v2's sources (ragged: o
+    (total_q, Hq, Dv), lse (Hq, total_q)). `implementation`: the name of the one to run (else
+    the first that supports the call)."""
+    source_args = dict(block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q, indices=indices,
+                       topk_len=topk_len, extra_k_cache=extra_k_cache, extra_indices=extra_indices,
+                       extra_topk_len=extra_topk_len, cache_layout=cache_layout,
+                       extra_cache_layout=extra_cache_layout)
+    if any(a is not None for a in source_args.values()):
+        return _attend_sources(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
+                               implementation=implementation, **source_args)
     chosen = IMPLEMENTATIONS
     if implementation is not None:
         chosen = [impl for impl in IMPLEMENTATIONS if impl.name == implementation]

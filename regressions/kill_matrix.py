@@ -26,7 +26,7 @@ from fmha.oracles import metrics, paging, quantization, sources, verdict
 from fmha.properties import laws, source_laws, source_strategies
 from fmha.properties.source_strategies import source_samples
 from fmha.properties.strategies import samples
-from fmha.regressions import source_mutants
+from fmha.regressions import source_cases, source_mutants
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.mutation import Mutant
 from fmha.regressions.trap import Trap, check_case
@@ -128,8 +128,8 @@ def row_key(name: str, law_examples: int) -> str:
     the kernel it patches, the laws, the verdict they apply or the number of draws. Not the
     device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
     trap = TRAPS[MUTANTS[name].trap]
-    judged_by = (source_mutants, paged, source_laws, source_strategies, sources, paging, quantization) if is_v2(trap) \
-        else (triton_attention, host, laws)
+    judged_by = (source_mutants, source_cases, paged, source_laws, source_strategies, sources, paging,
+                 quantization) if is_v2(trap) else (triton_attention, host, laws)
     parts = [TRAP_FILES[trap.id], *(inspect.getsourcefile(m) for m in (*judged_by, metrics, verdict))]
     digest = hashlib.sha1(f"{name} {examples_for(trap, law_examples)}".encode())
     for path in parts:

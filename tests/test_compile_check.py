@@ -24,11 +24,13 @@ def _over_the_limit(setup: str) -> tuple[list[str], str]:
 
 
 @pytest.mark.timeout(600)
-def test_the_dsv4_tiles_compile_for_hopper_and_fit_shared_memory():
-    run = _run("import sys; from fmha.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16']))")
+def test_the_dsv4_tiles_and_the_v2_kernel_compile_for_hopper_and_fit_shared_memory():
+    run = _run("import sys; from fmha.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16', '--sources']))")
     assert run.returncode == 0, run.stdout + run.stderr
-    # K and V apart, and K is V, each by the Triton kernel and by the Gluon one.
-    assert run.stdout.count("shared") == 4 and run.stdout.count("Gluon") == 2, run.stdout
+    # K and V apart, and K is V, each by the Triton kernel and by the Gluon one; contract v2's
+    # kernel on DSV4 sparse decode and a ragged paged prefill.
+    assert run.stdout.count("shared") == 6 and run.stdout.count("Gluon") == 2, run.stdout
+    assert run.stdout.count("v2 ") == 2, run.stdout
 
 
 @pytest.mark.timeout(600)

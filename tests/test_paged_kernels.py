@@ -1,6 +1,7 @@
 """Contract v2 end to end on the CPU: samples (paged, ragged, index-sparse, two scopes,
-quantized caches) through a kernel and the verdict. The reference kernel and the
-gather-then-SDPA adapter pass, and the reference passes every v2 named case. The kernels with
+quantized caches) through a kernel and the verdict. The reference kernel, fmha's
+(fmha.triton_sources, interpreted) and the gather-then-SDPA adapter pass, and the reference
+passes every v2 named case (fmha's own run of them: regressions/test_traps.py). The kernels with
 the bugs paged and sparse kernels have shipped fail those cases: tests/test_kill_matrix.py,
 the diagonal (each v2 trap's cases on its mutant)."""
 
@@ -26,8 +27,9 @@ SAMPLES = {
 
 
 @pytest.mark.parametrize("name", SAMPLES)
-def test_the_reference_kernel_passes(name):
-    verdict = check_sample(KERNELS["reference"], SAMPLES[name])
+@pytest.mark.parametrize("kernel_name", ["reference", "fmha"])
+def test_the_reference_and_fmha_kernels_pass(kernel_name, name):
+    verdict = check_sample(KERNELS[kernel_name], SAMPLES[name])
     assert verdict.passed, verdict.message(name)
 
 
