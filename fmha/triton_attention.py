@@ -124,13 +124,13 @@ def _load_columns(base, cols, row_ok, D, EVEN_D: tl.constexpr):
     return tl.load(base + cols[None, :], mask=row_ok[:, None] & (cols < D)[None, :], other=0.0)
 
 
-# Sizes are runtime values, never specialised (Triton would compile again for every size that
-# is 1 or a multiple of 16): a compile per tile shape, dtype and feature, not per problem.
-RUNTIME_SIZES = ("stride_ls", "stride_lb", "stride_lh", "T", "S", "HQ", "G", "WINDOW", "keys_per_split", "D", "DV",
-                 "has_sink")
+# Sizes and the sink flag are runtime values, never specialised (Triton would compile again for
+# every size that is 1 or a multiple of 16): a compile per tile shape, dtype and feature.
+RUNTIME_ARGS = ("stride_ls", "stride_lb", "stride_lh", "T", "S", "HQ", "G", "WINDOW", "keys_per_split", "D", "DV",
+                "has_sink")
 
 
-@triton.jit(do_not_specialize=RUNTIME_SIZES)
+@triton.jit(do_not_specialize=RUNTIME_ARGS)
 def _attention_fwd(
     Q, K, V, SINK, O, LSE,
     stride_qb, stride_qt, stride_qh,

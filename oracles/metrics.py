@@ -67,7 +67,11 @@ def _unravel(index: int, shape) -> tuple:
     return tuple(reversed(coords))
 
 
-def _argmax(x: torch.Tensor) -> tuple[float, tuple]:
+def _argmax(x: torch.Tensor, empty: float = 0.0) -> tuple[float, tuple | None]:
+    """The largest element and where it is; `empty` and None for an output with no elements
+    (a ragged request with no query rows)."""
+    if x.numel() == 0:
+        return empty, None
     flat = x.reshape(-1)
     i = int(torch.argmax(flat))
     return float(flat[i]), _unravel(i, x.shape)
@@ -160,7 +164,7 @@ def measure(
         (row_out < tiny).double(),
         row_dot / torch.clamp(row_ref * row_out, min=1e-300),
     )
-    worst_cos, worst_cos_at = _argmax(-row_cos)
+    worst_cos, worst_cos_at = _argmax(-row_cos, empty=-1.0)
     A = O.abs() if oracle_abs is None else oracle_abs.double()
     if underflow is not None:  # weights flushed in fp32 cost up to this much, whatever the dtype
         A = torch.maximum(A, underflow.double())

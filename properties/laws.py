@@ -65,9 +65,16 @@ def assert_agrees(o: torch.Tensor, reference_o: torch.Tensor, what: str, lse=Non
 
 
 def assert_same(kernel: KernelEntry, device: str, promise: str, a, b, what: str, x: Inputs) -> None:
-    """`a` and `b` ((o, lse) of two calls that must agree): bitwise where the kernel makes
-    `promise`, else within the verdict of one kernel output against another."""
+    """`a` and `b` ((o, lse) of two calls that must agree): both finite, then bitwise where the
+    kernel makes `promise`, else within the verdict of one kernel output against another.
+    Finite first: unread storage is NaN poison, so two runs that both read it (or both divide
+    0 by 0 for a row with no keys) would otherwise be "the same"."""
     (o_a, lse_a), (o_b, lse_b) = a, b
+    for o, which in ((o_a, "first"), (o_b, "second")):
+        bad = ~torch.isfinite(o)
+        assert not bad.any(), (f"{what}: the {which} call's output has {int(bad.sum())} non-finite element(s), the "
+                               f"first at {tuple(bad.nonzero()[0].tolist())}: unread NaN reached the output, or a row "
+                               f"with no keys divided 0 by 0 (the contract: o = 0)")
     if kernel.promises(device, promise):
         assert_bitwise(o_a, o_b, f"{what} (promised {promise})")
         if lse_a is not None and lse_b is not None:

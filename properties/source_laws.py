@@ -31,18 +31,6 @@ def _run(kernel, x: Inputs, **changes):
     return o, lse
 
 
-def _same(kernel, device, promise: str, a, b, what: str, x: Inputs) -> None:
-    """laws.assert_same, and both outputs finite: every slot nothing reads is NaN poison, so
-    two runs that both read one (or both divide 0 by 0 for a request with no keys) would
-    otherwise be "the same"."""
-    for (o, _), which in ((a, "first"), (b, "second")):
-        bad = ~torch.isfinite(o)
-        assert not bad.any(), (f"{what}: the {which} call's output has {int(bad.sum())} non-finite element(s), the "
-                               f"first at {tuple(bad.nonzero()[0].tolist())}: unread NaN reached the output, or a row "
-                               f"with no keys divided 0 by 0 (the contract: o = 0)")
-    assert_same(kernel, device, promise, a, b, what, x)
-
-
 def _reordered(cache: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     """The cache with physical page `inverse[i]` moved to position i (a quantized byte view
     page by page, its bytes as they are)."""
@@ -76,7 +64,7 @@ def pages_permuted_change_nothing(kernel, sample: Sample, device):
         extra_perm = torch.randperm(extra.shape[0], generator=g).to(device)
         changes["extra_k_cache"] = _reordered(extra, torch.argsort(extra_perm))
         changes["extra_indices"] = _moved_slots(x.source_args["extra_indices"], extra_perm, p.extra_block_size)
-    _same(kernel, device, "bitwise_deterministic", _run(kernel, x, **changes), _run(kernel, x),
+    assert_same(kernel, device, "bitwise_deterministic", _run(kernel, x, **changes), _run(kernel, x),
                 f"{kernel.name} {sample.id}: physical pages moved", x)
 
 
@@ -85,8 +73,8 @@ def unread_storage_leaks_nothing(kernel, sample: Sample, device):
     output is the same and finite."""
     x = sample.inputs(device)
     huge = sample.inputs(device, tail_fill=1e30 if sample.problem.dtype == torch.float32 else 6e4)
-    _same(kernel, device, "bitwise_deterministic", _run(kernel, x), _run(kernel, huge),
-          f"{kernel.name} {sample.id}: unread storage NaN vs huge", x)
+    assert_same(kernel, device, "bitwise_deterministic", _run(kernel, x), _run(kernel, huge),
+                f"{kernel.name} {sample.id}: unread storage NaN vs huge", x)
 
 
 def an_invalid_index_equals_its_absence(kernel, sample: Sample, device):
@@ -104,7 +92,7 @@ def an_invalid_index_equals_its_absence(kernel, sample: Sample, device):
         if lengths in x.source_args:  # entries past topk_len are never read: -1 there too
             past = torch.arange(padded[name].shape[-1], device=device) >= x.source_args[lengths].view(-1, 1, 1)
             padded[name] = padded[name].masked_fill(past, -1)
-    _same(kernel, device, "bitwise_deterministic", _run(kernel, x, **padded), _run(kernel, x),
+    assert_same(kernel, device, "bitwise_deterministic", _run(kernel, x, **padded), _run(kernel, x),
                 f"{kernel.name} {sample.id}: -1 appended (and past topk_len)", x)
 
 
@@ -124,8 +112,8 @@ def a_request_alone_equals_its_rows_in_the_batch(kernel, sample: Sample, device)
     else:
         alone["q"] = x.q[r:r + 1]
         rows = (o[r:r + 1], None if lse is None else lse[r:r + 1])
-    _same(kernel, device, "batch_invariant", _run(kernel, x, **alone), rows,
-          f"{kernel.name} {sample.id}: request {r} alone", _alone_inputs(x, r, alone))
+    assert_same(kernel, device, "batch_invariant", _run(kernel, x, **alone), rows,
+                f"{kernel.name} {sample.id}: request {r} alone", _alone_inputs(x, r, alone))
 
 
 def _alone_inputs(x: Inputs, r: int, alone: dict) -> Inputs:

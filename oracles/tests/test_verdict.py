@@ -270,3 +270,12 @@ def test_cosine_allowance_widens_with_the_logit_conditioning():
     assert verdict.metrics.cos < TOLERANCES[torch.float32].min_cos  # the fixed threshold alone would fail it
     off = judge(measure(o * 1.1, oracle.o, logit_rms=oracle.logit_rms, oracle_abs=oracle.o_abs))
     assert not off.passed
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_an_output_with_no_rows_passes(dtype):
+    """A ragged request with no query rows: nothing to compare, nothing wrong (it once raised
+    inside argmax)."""
+    o = torch.zeros(1, 0, 4, 64, dtype=torch.float64)
+    verdict = judge(measure(o.to(dtype), o, torch.zeros(1, 4, 0), torch.zeros(1, 4, 0, dtype=torch.float64)))
+    assert verdict.passed, verdict.message()
