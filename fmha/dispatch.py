@@ -71,8 +71,8 @@ def _attend_sources(q, k, v, *, scale, causal, window, sink, out, implementation
                                                                   ("out",) if out is not None else ())
     if reasons:
         raise NotSupportedError("; ".join(reasons))
-    return triton_sources.attention(problem, q, k, v, scale=scale, sink=sink, out=out, window=problem.window,
-                                    **source_args)
+    del source_args["cache_layout"], source_args["extra_cache_layout"]  # the problem carries them
+    return triton_sources.attention(problem, q, k, v, scale=scale, sink=sink, out=out, **source_args)
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, block_table=None, kv_lens=None,

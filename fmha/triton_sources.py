@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from fmha.capabilities import Capabilities
+from fmha.host import LOG2E
 from fmha.problem import CACHE_LAYOUTS
 from fmha.triton_attention import HEAD_DIMS, _dot, _pv_mode
 from fmha.triton_utils import interpreting, round_for_bf16
@@ -326,10 +327,10 @@ def specialization(problem, tiles: dict, upcast: bool) -> dict:
 
 
 def attention(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=None, kv_lens=None, cu_seqlens_q=None,
-              indices=None, topk_len=None, extra_k_cache=None, extra_indices=None, extra_topk_len=None,
-              cache_layout=None, extra_cache_layout=None, window=None):
-    """`problem` (a checked paged or sparse call) in one launch: (o, lse float32) in the
-    contract's layouts (ragged: o (total_q, Hq, Dv), lse (Hq, total_q))."""
+              indices=None, topk_len=None, extra_k_cache=None, extra_indices=None, extra_topk_len=None):
+    """`problem` (a checked paged or sparse call: its window and cache layouts come from it)
+    in one launch: (o, lse float32) in the contract's layouts (ragged: o (total_q, Hq, Dv),
+    lse (Hq, total_q))."""
     sparse = problem.source == "sparse"
     ragged = problem.ragged
     HQ, G, D, DV = problem.heads_q, problem.group, problem.head_dim, problem.head_dim_v
@@ -352,7 +353,8 @@ def attention(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=
         stride_qb, stride_qt, stride_qh = q.stride(0), q.stride(1), q.stride(2)
         stride_ob, stride_ot, stride_oh = o.stride(0), o.stride(1), o.stride(2)
         stride_lb, stride_lh, stride_lt = lse.stride(0), lse.stride(1), lse.stride(2)
-    dummy = torch.zeros(1, dtype=torch.int32, device=q.device)
+    dummy = torch.zeros(1, dtype=torch.int32, device=q.device)  # for the arguments a call does not use
+    given = lambda t: dummy if t is None else t  # noqa: E731
     two = extra_k_cache is not None
     k2 = extra_k_cache if two else k
     grid_m = triton.cdiv(G if sparse else T * G, tiles["BLOCK_M"])
@@ -360,17 +362,14 @@ def attention(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=
     upcast = interpreting() and q.dtype == torch.bfloat16
     _sources_fwd[grid](
         q, k, v, k2, sink if sink is not None else q, o, lse,
-        block_table if block_table is not None else dummy, kv_lens if kv_lens is not None else dummy,
-        cu_seqlens_q if cu_seqlens_q is not None else dummy,
-        indices if indices is not None else dummy, topk_len if topk_len is not None else dummy,
-        extra_indices if extra_indices is not None else dummy,
-        extra_topk_len if extra_topk_len is not None else dummy,
+        given(block_table), given(kv_lens), given(cu_seqlens_q), given(indices), given(topk_len),
+        given(extra_indices), given(extra_topk_len),
         stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), k2.stride(0), k2.stride(1), k2.stride(2),
         block_table.stride(0) if block_table is not None else 0,
         indices.stride(0) if sparse else 0, indices.stride(1) if sparse else 0,
         extra_indices.stride(0) if two else 0, extra_indices.stride(1) if two else 0,
-        T, HQ, G, window or 0, (D**-0.5 if scale is None else float(scale)) * 1.4426950408889634, D, DV,
+        T, HQ, G, problem.window or 0, (D**-0.5 if scale is None else float(scale)) * LOG2E, D, DV,
         problem.block_size, problem.extra_block_size or 1, problem.kv_len if sparse else 0, problem.extra_topk or 0,
         int(sink is not None), int(topk_len is not None), int(extra_topk_len is not None),
         **specialization(problem, tiles, upcast),
