@@ -19,8 +19,10 @@ the test that caused it, not every test after it. Each test gives its cached mem
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import traceback
 
 import pytest
 import torch
@@ -44,6 +46,7 @@ def cuda_context_error() -> str | None:
     """None when the current CUDA context still works, else the error it raises."""
     try:
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # at its memory cap a live worker's probe would run out
         torch.ones(1, device="cuda").add_(1).cpu()
     except Exception as e:  # noqa: BLE001 -- any error here means the context is unusable
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
@@ -84,6 +87,11 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if call.when != "call" or not report.failed or item.config.stash[DEVICE] != "cuda":
         return
+    # The failure's traceback holds its tensors (an out-of-memory error would otherwise look
+    # like a dead context to the probe): the report is written, let them go first.
+    if call.excinfo is not None:
+        traceback.clear_frames(call.excinfo.tb)
+    gc.collect()
     error = cuda_context_error()
     if error:
         in_worker = hasattr(item.config, "workerinput")

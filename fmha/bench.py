@@ -1,6 +1,6 @@
 """Benchmark fmha's Triton attention against the SDPA backends and FlexAttention (GPU only).
 
-    python -m fmha.bench [--quick] [--markdown]
+    python -m fmha.bench [--quick] [--sparse] [--only CONTENDER ...]
 
 Times each kernel on the speed shapes of docs/contract.md and the grid's decode shapes (median of
 CUDA-graph replays, triton.testing.do_bench_cudagraph) and prints it next to the roofline
@@ -144,28 +144,15 @@ def time_us(fn) -> float:
         return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="the four speed shapes only")
-    parser.add_argument("--only", action="append", default=[], help="contenders to run (default: all)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("fmha.bench needs a CUDA GPU", file=sys.stderr)
-        return 2
-    bandwidth, rate = measure_ceilings()
-    shapes = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}
-    contenders = {k: v for k, v in CONTENDERS.items() if not args.only or k in args.only}
-    print(f"# fmha.bench, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"triton {triton.__version__}")
-    print(f"# ceilings measured now: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s\n")
-    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), "ours / floor"])
+def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table) -> None:
+    """Time every contender on every shape into `table` (a contender that fails gets its error)."""
     for shape_name, problem in shapes.items():
-        floor = max(flops(problem) / rate, bytes_moved(problem) / bandwidth) * 1e6
-        q, k, v = _inputs(problem)
+        floor = floor_us(problem)
+        inputs = make_inputs(problem)
         cells = {}
         for name, make in contenders.items():
             try:
-                cells[name] = f"{time_us(make(problem, q, k, v)):.1f}"
+                cells[name] = f"{time_us(make(problem, *inputs)):.1f}"
             except Exception as e:  # no kernel for this shape, out of resources, ...
                 cells[name] = f"— ({type(e).__name__}: {str(e).splitlines()[0][:60]})" if str(e) else "—"
             torch.cuda.empty_cache()
@@ -173,6 +160,35 @@ def main(argv=None) -> int:
         ratio = f"{float(ours) / floor:.2f}x" if ours.replace(".", "").isdigit() else "—"
         table.add(shape_name, f"{floor:.1f}", *cells.values(), ratio)
         print(f"{shape_name}: {', '.join(f'{c} {v}' for c, v in cells.items())}", file=sys.stderr, flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the four speed shapes only")
+    parser.add_argument("--sparse", action="store_true",
+                        help="DeepSeek-V4's sparse decode over FP8 caches instead (fmha.bench_sparse)")
+    parser.add_argument("--only", action="append", default=[], help="contenders to run (default: all)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fmha.bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    bandwidth, rate = measure_ceilings()
+    print(f"# fmha.bench, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}")
+    print(f"# ceilings measured now: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s\n")
+    if args.sparse:
+        from fmha import bench_sparse as module
+
+        shapes, every, make_inputs = module.SHAPES, module.CONTENDERS, lambda p: (module.inputs(p),)
+    else:
+        module = sys.modules[__name__]
+        shapes, every, make_inputs = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}, CONTENDERS, _inputs
+    contenders = {k: v for k, v in every.items() if not args.only or k in args.only}
+    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), "ours / floor"])
+    _rows(shapes, contenders, make_inputs,
+          lambda p: max(module.flops(p) / rate, module.bytes_moved(p) / bandwidth) * 1e6, table)
     print(table.markdown())
     return 0
 

@@ -27,14 +27,10 @@ from fmha.triton_utils import triton_availability
 
 # In priority order: the first that supports a call runs it.
 IMPLEMENTATIONS: tuple[host.Implementation, ...] = (gluon_attention.IMPLEMENTATION, triton_attention.IMPLEMENTATION)
-# What fmha.attention supports: the union, the Triton kernels' (dense, and v2's sources);
-# on GPUs the dense kernels' alone, until the v2 kernel has run on one.
+# What fmha.attention supports: the union, the Triton kernels' (dense, and v2's sources).
 CAPABILITIES = dataclasses.replace(
     triton_attention.CAPABILITIES, sources=triton_attention.CAPABILITIES.sources | triton_sources.CAPABILITIES.sources,
     cache_layouts=triton_sources.CAPABILITIES.cache_layouts)
-CUDA_CAPABILITIES = dataclasses.replace(triton_attention.CAPABILITIES, notes={
-    **triton_attention.CAPABILITIES.notes,
-    **{key: triton_sources.UNTRIED_ON_GPUS for key in (*triton_sources.CAPABILITIES.sources, "cache_layout")}})
 
 
 def not_supported_reasons(problem: Problem, device, needs=()) -> dict[str, list[str]]:

@@ -23,10 +23,10 @@ from fmha.triton_utils import triton_availability
 OURS = [
     KernelEntry(
         name="fmha", fn=dispatch.attention, capabilities=dispatch.CAPABILITIES,
-        device_capabilities={"cuda": dispatch.CUDA_CAPABILITIES}, availability=triton_availability,
+        availability=triton_availability,
         description="fmha.attention: the Gluon kernel for bf16 head dim 512 on Hopper, the Triton kernel for "
                     "everything else (compiled on CUDA, TRITON_INTERPRET=1 on CPU); contract v2's sources "
-                    "through fmha.triton_sources (CPU for now)",
+                    "through fmha.triton_sources",
     ),
     KernelEntry(
         name="triton", fn=dispatch.only(triton_attention.IMPLEMENTATION),

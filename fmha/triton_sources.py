@@ -19,8 +19,14 @@ fit bf16's 8 mantissa bits), then rounded to the compute dtype, so QK^T and P.V 
 same numbers the float64 oracle does.
 
 Precision: as the dense kernel (fmha.triton_attention): bf16 P as hi + lo against bf16 V,
-fp16 one MMA, fp32 IEEE dots; the interpreter computes in fp32. No split-KV yet: a row's keys
-are one loop, whatever their number.
+fp16 one MMA, fp32 IEEE dots; the interpreter computes in fp32.
+
+Splits. A paged call's keys split into fixed chunks of KEYS_PER_SPLIT positions (its block
+table's capacity decides how many, not its lengths: a request alone splits as it does in the
+batch), each chunk a program of its own writing fp32 partials that the D5 merge
+(fmha.triton_merge) combines with the sink: long contexts get more programs than
+requests x KV heads. Index-sparse rows have at most their top-k keys and many heads, so they
+are one loop: padding a row with -1 then changes nothing, bitwise.
 """
 
 from __future__ import annotations
@@ -33,10 +39,65 @@ from fmha.capabilities import Capabilities
 from fmha.host import LOG2E
 from fmha.problem import CACHE_LAYOUTS
 from fmha.triton_attention import HEAD_DIMS, _dot, _pv_mode
+from fmha.triton_merge import merge_into
 from fmha.triton_utils import interpreting, round_for_bf16
+
+# The window a causal call without one gets: a runtime value past every key distance, so
+# causal calls with and without a window share one compile.
+NO_WINDOW = 2**30
 
 # Layout codes for the kernel (0: a cache of q's dtype).
 LAYOUT_CODES = {None: 0, "dsv4-fp8": 1, "dsv4-fp4": 2}
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, acc):
+    """A key tile's logits `s` (base 2, -inf where masked) into the running max m_i, the sum
+    l_i and the rescaled accumulator: (p, m_i, l_i, acc)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    return p, m_new, l_i, acc
+
+
+@triton.jit
+def _accumulate_pv(acc, p, v, PV_MODE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + P.V: bf16 P as hi + lo against bf16 V (two MMAs: P in bf16 alone loses 8 bits),
+    fp16 one MMA, fp32 IEEE; the interpreter in fp32."""
+    if UPCAST or PV_MODE == 2:
+        return _dot(p, v, acc, PV_MODE, UPCAST)
+    elif PV_MODE == 1:
+        p_hi = p.to(tl.bfloat16)
+        p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(p_hi, v, acc)
+        return tl.dot(p_lo, v, acc)
+    else:
+        return tl.dot(p.to(v.dtype), v, acc)
+
+
+@triton.jit
+def _join_sink(SINK, h, row_ok, m_i, l_i, acc):
+    """The sink of heads h joins the denominator (never a value), once; the max is taken with
+    it first so a large sink cannot overflow exp2."""
+    sink = tl.load(SINK + h, mask=row_ok, other=0.0) * 1.4426950408889634  # log2(e)
+    m_final = tl.maximum(m_i, sink)
+    m_final_safe = tl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
+    scale_old = tl.exp2(m_i - m_final_safe)
+    l_i = l_i * scale_old + tl.exp2(sink - m_final_safe)
+    acc = acc * scale_old[:, None]
+    return m_final, l_i, acc
+
+
+@triton.jit
+def _normalize(m_i, l_i, acc):
+    """(o, lse in natural log); a row that saw nothing (and no sink) gets o = 0, lse = -inf."""
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)  # ln(2)
+    return o, lse
 
 
 @triton.jit
@@ -116,25 +177,26 @@ def _load_keys(K, page, offset, kvh, cols, key_ok, stride_kb, stride_ks, stride_
 
 @triton.jit
 def _scope_loop(
-    qs, K, V, m_i, l_i, acc, b, t_idx, kvh, n_keys, position, qk_scale, WINDOW,
+    qs, K, V, m_i, l_i, acc, b, t_idx, kvh, first, last, n_keys, position, qk_scale, WINDOW,
     BT, IDX, stride_btb, stride_ib, stride_it,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, D, DV, block_size,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    SPARSE: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, LAYOUT: tl.constexpr,
+    SPARSE: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     V_IS_K: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     COMPUTE: tl.constexpr, PV_MODE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """The online softmax (base 2) carried on over one scope's keys [0, n_keys): a request's
-    pages (SPARSE=0) or one query row's indices (SPARSE=1)."""
+    """The online softmax (base 2) carried on over one scope's keys [first, last) of
+    [0, n_keys): a request's pages (SPARSE=0) or one query row's indices (SPARSE=1). `first`
+    is a multiple of BLOCK_N."""
     cols_d = tl.arange(0, BLOCK_D)
     cols_dv = tl.arange(0, BLOCK_DV)
     zero = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32) * qk_scale
-    lo = 0
-    hi = n_keys
-    if CAUSAL:
+    lo = first
+    hi = tl.minimum(n_keys, last)
+    if CAUSAL:  # and the window (NO_WINDOW without one)
         hi = tl.minimum(hi, tl.max(tl.where(position >= 0, position, -1)) + 1)
-    if WINDOWED:
-        lo = tl.maximum(0, tl.min(tl.where(position >= 0, position, n_keys)) - WINDOW + 1) // BLOCK_N * BLOCK_N
+        window_lo = tl.maximum(0, tl.min(tl.where(position >= 0, position, n_keys)) - WINDOW + 1)
+        lo = tl.maximum(lo, window_lo // BLOCK_N * BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         in_range = j < hi
@@ -156,19 +218,10 @@ def _scope_loop(
             k = k.to(tl.float16)
         s = _dot(qs, tl.trans(k), zero, PV_MODE, UPCAST) * qk_scale
         visible = key_ok[None, :]
-        if CAUSAL:
-            visible = visible & (j[None, :] <= position[:, None])
-        if WINDOWED:
-            visible = visible & (j[None, :] > position[:, None] - WINDOW)
+        if CAUSAL:  # and the window (NO_WINDOW without one)
+            visible = visible & (j[None, :] <= position[:, None]) & (j[None, :] > position[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        m_i = m_new
+        p, m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc)
 
         if V_IS_K:
             v = k
@@ -179,43 +232,38 @@ def _scope_loop(
                 v = v.to(tl.bfloat16)
             elif COMPUTE == 2:
                 v = v.to(tl.float16)
-        if UPCAST or PV_MODE == 2:
-            acc = _dot(p, v, acc, PV_MODE, UPCAST)
-        elif PV_MODE == 1:
-            p_hi = p.to(tl.bfloat16)
-            p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(p_hi, v, acc)
-            acc = tl.dot(p_lo, v, acc)
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = _accumulate_pv(acc, p, v, PV_MODE, UPCAST)
     return m_i, l_i, acc
 
 
 # Sizes, strides, lengths, block sizes and top-k are runtime values: a compile per tile
 # shape, dtype, layout and feature, not per problem.
-RUNTIME_ARGS = ("stride_qb", "stride_qt", "stride_qh", "stride_ob", "stride_ot", "stride_oh", "stride_lb", "stride_lh",
-                "stride_lt", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
+RUNTIME_ARGS = ("stride_qb", "stride_qt", "stride_qh", "stride_os", "stride_ob", "stride_ot", "stride_oh", "stride_ls",
+                "stride_lb", "stride_lh", "stride_lt", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
                 "stride_k2b", "stride_k2s", "stride_k2h", "stride_btb", "stride_ib", "stride_it", "stride_i2b", "stride_i2t",
-                "T", "HQ", "G", "WINDOW", "D", "DV", "block_size", "block_size2", "topk", "topk2", "has_sink",
+                "T", "HQ", "G", "WINDOW", "D", "DV", "block_size", "block_size2", "topk", "topk2", "keys_per_split", "has_sink",
                 "has_topk_len", "has_topk_len2")
 
 
 @triton.jit(do_not_specialize=RUNTIME_ARGS)
 def _sources_fwd(
     Q, K, V, K2, SINK, O, LSE, BT, KV_LENS, CU_Q, IDX, TOPK_LEN, IDX2, TOPK_LEN2,
-    stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+    stride_qb, stride_qt, stride_qh, stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh,
+    stride_lt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_k2b, stride_k2s, stride_k2h,
     stride_btb, stride_ib, stride_it, stride_i2b, stride_i2t,
-    T, HQ, G, WINDOW, qk_scale, D, DV, block_size, block_size2, topk, topk2,
+    T, HQ, G, WINDOW, qk_scale, D, DV, block_size, block_size2, topk, topk2, keys_per_split,
     has_sink, has_topk_len, has_topk_len2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE: tl.constexpr, RAGGED: tl.constexpr, TWO_SCOPES: tl.constexpr,
-    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, LAYOUT: tl.constexpr, LAYOUT2: tl.constexpr,
+    CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, LAYOUT2: tl.constexpr,
     V_IS_K: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     COMPUTE: tl.constexpr, PV_MODE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
+    split = tl.program_id(2)  # 0 but for a split paged call: then O and LSE are its fp32 partials
+    first = split * keys_per_split
     HKV = HQ // G
     kvh = pid % HKV
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -264,41 +312,33 @@ def _sources_fwd(
     acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
     if SPARSE or pid_m * BLOCK_M < T_b * G:  # a paged program past its request's rows has nothing to do
         m_i, l_i, acc = _scope_loop(
-            qs, K, V, m_i, l_i, acc, b, t_idx, kvh, n_keys, position, qk_scale, WINDOW,
+            qs, K, V, m_i, l_i, acc, b, t_idx, kvh, first, first + keys_per_split, n_keys, position, qk_scale, WINDOW,
             BT, IDX, stride_btb, stride_ib, stride_it,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, D, DV, block_size,
-            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE, CAUSAL, WINDOWED, LAYOUT, V_IS_K, EVEN_D, EVEN_DV,
+            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE, CAUSAL, LAYOUT, V_IS_K, EVEN_D, EVEN_DV,
             COMPUTE, PV_MODE, UPCAST)
         if TWO_SCOPES:
             n_keys2 = topk2
             if has_topk_len2:
                 n_keys2 = tl.load(TOPK_LEN2 + b)
             m_i, l_i, acc = _scope_loop(
-                qs, K2, K2, m_i, l_i, acc, b, t_idx, kvh, n_keys2, position, qk_scale, WINDOW,
+                qs, K2, K2, m_i, l_i, acc, b, t_idx, kvh, 0, n_keys2, n_keys2, position, qk_scale, WINDOW,
                 BT, IDX2, stride_btb, stride_i2b, stride_i2t,
                 stride_k2b, stride_k2s, stride_k2h, stride_k2b, stride_k2s, stride_k2h, D, DV, block_size2,
-                BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE, CAUSAL, WINDOWED, LAYOUT2, True, EVEN_D, EVEN_DV,
+                BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE, CAUSAL, LAYOUT2, True, EVEN_D, EVEN_DV,
                 COMPUTE, PV_MODE, UPCAST)
 
     if has_sink:  # once, over every scope
-        sink = tl.load(SINK + h, mask=row_ok, other=0.0) * 1.4426950408889634  # log2(e)
-        m_final = tl.maximum(m_i, sink)
-        m_final_safe = tl.where(m_final == float("-inf"), 0.0, m_final)
-        scale_old = tl.exp2(m_i - m_final_safe)
-        l_i = l_i * scale_old + tl.exp2(sink - m_final_safe)
-        acc = acc * scale_old[:, None]
-        m_i = m_final
-    empty = l_i == 0.0
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        m_i, l_i, acc = _join_sink(SINK, h, row_ok, m_i, l_i, acc)
+    o, lse = _normalize(m_i, l_i, acc)
     if UPCAST and O.dtype.element_ty == tl.bfloat16:
         o = round_for_bf16(o)
-    o_ptrs = O + o_row[:, None] + h[:, None] * stride_oh + cols_dv[None, :]
+    o_ptrs = O + split * stride_os + o_row[:, None] + h[:, None] * stride_oh + cols_dv[None, :]
     if EVEN_DV:
         tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
     else:
         tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (cols_dv < DV)[None, :])
-    tl.store(LSE + lse_row + h * stride_lh, lse, mask=row_ok)
+    tl.store(LSE + split * stride_ls + lse_row + h * stride_lh, lse, mask=row_ok)
 
 
 def _tiles(problem, device_type: str) -> dict:
@@ -318,7 +358,7 @@ def _tiles(problem, device_type: str) -> dict:
 def specialization(problem, tiles: dict, upcast: bool) -> dict:
     """The kernel's compile-time arguments for `problem` with `tiles` (warps and stages too)."""
     return dict(SPARSE=problem.source == "sparse", RAGGED=problem.ragged, TWO_SCOPES=problem.extra_topk is not None,
-                CAUSAL=problem.causal, WINDOWED=problem.window is not None,
+                CAUSAL=problem.causal,  # the window is a runtime value
                 LAYOUT=LAYOUT_CODES[problem.cache_layout], LAYOUT2=LAYOUT_CODES[problem.extra_cache_layout],
                 V_IS_K=problem.shared_kv, EVEN_D=problem.head_dim == tiles["BLOCK_D"],
                 EVEN_DV=problem.head_dim_v == tiles["BLOCK_DV"],
@@ -329,8 +369,8 @@ def specialization(problem, tiles: dict, upcast: bool) -> dict:
 def attention(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=None, kv_lens=None, cu_seqlens_q=None,
               indices=None, topk_len=None, extra_k_cache=None, extra_indices=None, extra_topk_len=None):
     """`problem` (a checked paged or sparse call: its window and cache layouts come from it)
-    in one launch: (o, lse float32) in the contract's layouts (ragged: o (total_q, Hq, Dv),
-    lse (Hq, total_q))."""
+    in one launch, or a split launch and the merge: (o, lse float32) in the contract's layouts
+    (ragged: o (total_q, Hq, Dv), lse (Hq, total_q))."""
     sparse = problem.source == "sparse"
     ragged = problem.ragged
     HQ, G, D, DV = problem.heads_q, problem.group, problem.head_dim, problem.head_dim_v
@@ -345,47 +385,68 @@ def attention(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     tiles = _tiles(problem, q.device.type)
+    per_split, n_splits = _splits(problem, block_table, tiles["BLOCK_N"], q.device.type)
+    target, target_lse = o.unsqueeze(0), lse.unsqueeze(0)
+    if n_splits > 1:
+        target = torch.empty(n_splits, *o_shape, dtype=torch.float32, device=q.device)
+        target_lse = torch.empty(n_splits, *lse_shape, dtype=torch.float32, device=q.device)
     if ragged:  # (total_q, Hq, D): a row's place is cu_seqlens_q[b] + t
         stride_qb, stride_qt, stride_qh = 0, q.stride(0), q.stride(1)
-        stride_ob, stride_ot, stride_oh = 0, o.stride(0), o.stride(1)
-        stride_lb, stride_lh, stride_lt = 0, lse.stride(0), lse.stride(1)
+        stride_ob, stride_ot, stride_oh = 0, target.stride(1), target.stride(2)
+        stride_lb, stride_lh, stride_lt = 0, target_lse.stride(1), target_lse.stride(2)
     else:
         stride_qb, stride_qt, stride_qh = q.stride(0), q.stride(1), q.stride(2)
-        stride_ob, stride_ot, stride_oh = o.stride(0), o.stride(1), o.stride(2)
-        stride_lb, stride_lh, stride_lt = lse.stride(0), lse.stride(1), lse.stride(2)
+        stride_ob, stride_ot, stride_oh = target.stride(1), target.stride(2), target.stride(3)
+        stride_lb, stride_lh, stride_lt = target_lse.stride(1), target_lse.stride(2), target_lse.stride(3)
     dummy = torch.zeros(1, dtype=torch.int32, device=q.device)  # for the arguments a call does not use
     given = lambda t: dummy if t is None else t  # noqa: E731
     two = extra_k_cache is not None
     k2 = extra_k_cache if two else k
     grid_m = triton.cdiv(G if sparse else T * G, tiles["BLOCK_M"])
-    grid = (grid_m, (B * T if sparse else B) * problem.heads_kv)
+    grid = (grid_m, (B * T if sparse else B) * problem.heads_kv, n_splits)
     upcast = interpreting() and q.dtype == torch.bfloat16
     _sources_fwd[grid](
-        q, k, v, k2, sink if sink is not None else q, o, lse,
+        q, k, v, k2, sink if sink is not None else q, target, target_lse,
         given(block_table), given(kv_lens), given(cu_seqlens_q), given(indices), given(topk_len),
         given(extra_indices), given(extra_topk_len),
-        stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), k2.stride(0), k2.stride(1), k2.stride(2),
+        stride_qb, stride_qt, stride_qh, target.stride(0), stride_ob, stride_ot, stride_oh, target_lse.stride(0),
+        stride_lb, stride_lh, stride_lt, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), k2.stride(0), k2.stride(1), k2.stride(2),
         block_table.stride(0) if block_table is not None else 0,
         indices.stride(0) if sparse else 0, indices.stride(1) if sparse else 0,
         extra_indices.stride(0) if two else 0, extra_indices.stride(1) if two else 0,
-        T, HQ, G, problem.window or 0, (D**-0.5 if scale is None else float(scale)) * LOG2E, D, DV,
+        T, HQ, G, problem.window or NO_WINDOW, (D**-0.5 if scale is None else float(scale)) * LOG2E, D, DV,
         problem.block_size, problem.extra_block_size or 1, problem.kv_len if sparse else 0, problem.extra_topk or 0,
-        int(sink is not None), int(topk_len is not None), int(extra_topk_len is not None),
+        per_split, int(sink is not None and n_splits == 1), int(topk_len is not None), int(extra_topk_len is not None),
         **specialization(problem, tiles, upcast),
     )
+    if n_splits > 1:  # the merge wants (B, T, H, Dv) and (B, H, T): a ragged call is one request of total_q rows
+        batched = (lambda t: t.unsqueeze(0), lambda t: t.unsqueeze(1)) if ragged else (lambda t: t, lambda t: t)
+        merge_into(batched[0](o), batched[0](lse), batched[1](target), batched[1](target_lse), sink)
     return o, lse
 
 
-# Interpreted on the CPU only, for now: its GPU compile and speed are not yet measured (an
-# H200 run is the next step), and an untried kernel must not enter the GPU job.
-UNTRIED_ON_GPUS = "the contract-v2 Triton kernel runs interpreted on the CPU; not yet compiled and checked on a GPU"
+# Keys per split of a paged call: on a GPU a decode over one chunk is a program per request
+# and KV head, as the dense kernel's split (fmha.host.keys_per_split); interpreted, small
+# chunks make the CPU tier run the split and the merge.
+KEYS_PER_SPLIT = {"cuda": 1024, "cpu": 256}
+
+
+def _splits(problem, block_table, block_n: int, device_type: str) -> tuple[int, int]:
+    """(keys per split, splits): a paged call's block-table capacity in fixed chunks (a
+    multiple of the key tile); a sparse call in one."""
+    if problem.source == "sparse":
+        return max(problem.kv_len, 1), 1
+    capacity = block_table.shape[1] * problem.block_size
+    per_split = triton.cdiv(KEYS_PER_SPLIT[device_type], block_n) * block_n
+    return per_split, max(1, triton.cdiv(capacity, per_split))
+
+
 CAPABILITIES = Capabilities(
     head_dims=HEAD_DIMS,
-    devices=("cpu",),
+    devices=("cpu", "cuda"),
     sources=frozenset({"paged", "ragged", "sparse", "two_scopes"}),
     cache_layouts=frozenset(CACHE_LAYOUTS),
     promises=frozenset({"bitwise_deterministic", "batch_invariant"}),
     notes={"head_dim": "multiples of 16 up to 512 (tiles are powers of two, masked)",
-           "dense": "dense calls go to fmha.triton_attention", "device": UNTRIED_ON_GPUS},
+           "dense": "dense calls go to fmha.triton_attention"},
 )

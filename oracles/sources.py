@@ -86,21 +86,36 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: t
     Hkv, Dv) shared by the rows or one set per row; visible (T, N). Returns o (T, Hq, Dv) and
     lse (Hq, T), and with `scales` what the verdict measures against (`Oracle`'s fields, per
     request). Invisible keys and values are never read: poison there cannot leak."""
-    group = q.shape[1] // keys.shape[2]
-    rows = visible[..., None, None]
-    keys = torch.where(rows, keys.double().repeat_interleave(group, dim=2).expand(q.shape[0], -1, -1, -1), 0.0)
-    values = torch.where(rows, values.double().repeat_interleave(group, dim=2).expand(q.shape[0], -1, -1, -1), 0.0)
-    scores = torch.einsum("thd,tnhd->htn", q.double(), keys) * scale
+    T, Hq = q.shape[:2]
+    Hkv = keys.shape[2]
+    group = Hq // Hkv
+    # Query head h reads KV head h // group: heads as (Hkv, group), keys never repeated per
+    # head or per row (a paged request's keys are one set for all its rows: copying them per
+    # row took T times their memory).
+    shared = keys.shape[0] == 1
+    if shared:
+        keys, values = keys[0], values[0]
+    kv = "nkd" if shared else "tnkd"
+    # Zeroed where no row may read them: poison there cannot leak through 0 * NaN.
+    readable = (visible.any(0) if shared else visible)[..., None, None]
+    keys = torch.where(readable, keys.double(), 0.0)
+    values = torch.where(readable, values.double(), 0.0)
+    by_group = q.double().unflatten(1, (Hkv, group))
+    scores = torch.einsum(f"tkgd,{kv}->kgtn", by_group, keys).flatten(0, 1) * scale
     weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF)[None], sink)
-    o = torch.einsum("htn,tnhd->thd", weights[0], values)
+    grouped = weights[0].unflatten(0, (Hkv, group))
+    o = torch.einsum(f"kgtn,{kv}->tkgd", grouped, values).flatten(1, 2)
     if not scales:
         return o, lse[0]
     visible_scores = scores.masked_select(visible.expand_as(scores))
-    key_norm = keys.norm(dim=-1).amax(dim=1).T if keys.shape[1] else keys.new_zeros(q.shape[1], q.shape[0])
-    return dict(o=o, lse=lse[0], o_abs=torch.einsum("htn,tnhd->thd", weights[0], values.abs()),
+    # Per row, the longest key it sees.
+    norms = torch.where(visible[..., None], keys.norm(dim=-1), 0.0)  # (T, N, Hkv)
+    key_norm = (norms.amax(dim=1) if norms.shape[1] else norms.new_zeros(T, Hkv)).repeat_interleave(group, 1).T
+    seen_abs = torch.einsum(f"tn,{kv}->tkd", visible.double(), values.abs()).repeat_interleave(group, 1)
+    return dict(o=o, lse=lse[0], o_abs=torch.einsum(f"kgtn,{kv}->tkgd", grouped, values.abs()).flatten(1, 2),
                 squares=float(visible_scores.square().sum()), count=visible_scores.numel(),
                 logit_magnitude=scale * q.double().norm(dim=-1).T * key_norm,
-                underflow=torch.finfo(torch.float32).tiny * torch.einsum("tn,tnhd->thd", visible.double(), values.abs()))
+                underflow=torch.finfo(torch.float32).tiny * seen_abs)
 
 
 def _requests(q, cu_seqlens_q):
@@ -113,7 +128,8 @@ def _requests(q, cu_seqlens_q):
 def _gather(sources, b: int, q_b: torch.Tensor, causal: bool, window: int | None):
     """Request b's keys, values and visibility over every source, in one key axis."""
     parts = [source.rows(b, q_b.shape[0], causal, window) for source in sources]
-    rows = q_b.shape[0]
+    # One set for all rows while every source has one (dense, paged), else one per row.
+    rows = 1 if all(k.shape[0] == 1 for k, _, _ in parts) else q_b.shape[0]
     keys = torch.cat([k.expand(rows, -1, -1, -1) for k, _, _ in parts], dim=1)
     values = torch.cat([v.expand(rows, -1, -1, -1) for _, v, _ in parts], dim=1)
     return keys, values, torch.cat([m for _, _, m in parts], dim=1)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from fmha.capabilities import Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.sample import Sample
-from fmha.properties.strategies import _cost, problems, scales
+from fmha.properties.strategies import KEY_BUDGET, _cost, problems, scales
 
 BLOCK_SIZES = (1, 2, 5, 16, 53, 61, 64, 576)
 INVALID = (0.0, 0.1, 0.5, 1.0)
@@ -95,12 +95,18 @@ def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool):
         heads_kv=1 if layout else problem.heads_kv,
         extra_topk=draw(st.integers(1, 1024)) if extra else None,
         extra_block_size=draw(st.sampled_from(block_sizes)) if extra else None, extra_cache_layout=extra_layout)
-    # The budget counts both scopes' keys: fewer queries, a smaller batch, then fewer keys.
+    # The budget counts both scopes' keys, and every query row's own (the oracle gathers
+    # batch * q_len * keys of them): a smaller batch, then fewer queries.
     keys = problem.kv_len + (problem.extra_topk or 0)
     batch, q_len = problem.batch, problem.q_len
-    while _cost(device, batch, problem.heads_q, q_len, keys, problem.head_dim, problem.head_dim) > 1 and batch > 1:
+
+    def over(batch, q_len):
+        gathered = batch * q_len * keys * 2 * problem.head_dim / KEY_BUDGET[device]
+        return max(gathered, _cost(device, batch, problem.heads_q, q_len, keys, problem.head_dim, problem.head_dim)) > 1
+
+    while over(batch, q_len) and batch > 1:
         batch //= 2
-    while _cost(device, batch, problem.heads_q, q_len, keys, problem.head_dim, problem.head_dim) > 1 and q_len > 1:
+    while over(batch, q_len) and q_len > 1:
         q_len = math.ceil(q_len / 2)
     problem = problem.replace(batch=batch, q_len=q_len)
     fields = dict(topk_lens=_lengths(draw, batch, problem.kv_len), invalid=draw(st.sampled_from(INVALID)))

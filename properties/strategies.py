@@ -42,12 +42,13 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out, 2026-12-01). Rows:
 # B * Hq * T * (D + Dv), the float64 Q and O (the work budget bounds it on the CPU; on a GPU
 # few keys let 160 x 64 heads x 300 queries x 1024 dims through: 12 GB of float64 Q, and the
-# nightly profile's draws filled every worker's 8 GB share, 2026-12-01).
+# nightly profile's draws filled every worker's 8 GB share, 2026-12-01). At 2^27 each a
+# law's runs and oracles still passed a worker's 6.1 GB share (0.7 of an H200 over 16): 2^26.
 WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
 LOGIT_BUDGET = {"cpu": 2**22, "cuda": 2**24}
 TILE_BUDGET = {"cpu": 64, "cuda": 1e9}
-KEY_BUDGET = {"cpu": 4e7, "cuda": 2**27}
-ROW_BUDGET = {"cpu": 4e7, "cuda": 2**27}
+KEY_BUDGET = {"cpu": 4e7, "cuda": 2**26}
+ROW_BUDGET = {"cpu": 4e7, "cuda": 2**26}
 
 
 def _cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:

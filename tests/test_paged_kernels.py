@@ -21,6 +21,11 @@ SAMPLES = {
     "ragged": Sample(problem=PAGED.replace(ragged=True), kv_lens=(9, 3, 5), q_lens=(2, 0, 1), seed=3),
     "paged-block1": Sample(problem=PAGED.replace(block_size=1, dtype=torch.float32), kv_lens=(2, 9, 4), seed=4),
     "paged-block5": Sample(problem=PAGED.replace(block_size=5), kv_lens=(9, 7, 3), seed=7),
+    # Past KEYS_PER_SPLIT (256 interpreted): split, merged with the sink; the short request's
+    # later splits are empty, a window's leaves the first ones empty.
+    "paged-split": Sample(problem=PAGED.replace(kv_len=700, block_size=64, sink=True), kv_lens=(700, 40, 300), seed=8),
+    "paged-split-window": Sample(problem=PAGED.replace(kv_len=600, block_size=16, window=50, ragged=True),
+                                 kv_lens=(600, 0, 270), q_lens=(2, 1, 2), seed=9),
     "sparse": Sample(problem=SPARSE, topk_lens=(6, 3), invalid=0.25, seed=5),
     "two-scopes": Sample(problem=TWO_SCOPES, topk_lens=(6, 0), extra_topk_lens=(4, 2), invalid=0.5, seed=6),
 }
