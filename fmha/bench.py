@@ -179,16 +179,17 @@ def main(argv=None) -> int:
           f"triton {triton.__version__}")
     print(f"# ceilings measured now: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s\n")
     if args.sparse:
-        from fmha import bench_sparse as module
+        from fmha import bench_sparse
 
-        shapes, every, make_inputs = module.SHAPES, module.CONTENDERS, lambda p: (module.inputs(p),)
+        shapes, every, make_inputs = bench_sparse.SHAPES, bench_sparse.CONTENDERS, lambda p: (bench_sparse.inputs(p),)
+        work = bench_sparse.flops, bench_sparse.bytes_moved
     else:
-        module = sys.modules[__name__]
         shapes, every, make_inputs = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}, CONTENDERS, _inputs
+        work = flops, bytes_moved
     contenders = {k: v for k, v in every.items() if not args.only or k in args.only}
     table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), "ours / floor"])
     _rows(shapes, contenders, make_inputs,
-          lambda p: max(module.flops(p) / rate, module.bytes_moved(p) / bandwidth) * 1e6, table)
+          lambda p: max(work[0](p) / rate, work[1](p) / bandwidth) * 1e6, table)
     print(table.markdown())
     return 0
 
