@@ -69,13 +69,14 @@ def inputs(p: Problem) -> dict:
                 extra_indices=extra_indices, window_keys=window_keys, extra_keys=extra_keys)
 
 
-def _ours(p: Problem, x: dict):
+def _ours(p: Problem, x: dict, implementation=None):
     from fmha import dispatch
 
     out = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=torch.bfloat16, device="cuda")
     return lambda: dispatch.attention(x["q"], x["k_cache"], x["k_cache"], indices=x["indices"], sink=x["sink"],
                                       extra_k_cache=x["extra_k_cache"], extra_indices=x["extra_indices"],
-                                      cache_layout="dsv4-fp8", extra_cache_layout="dsv4-fp8", out=out)
+                                      cache_layout="dsv4-fp8", extra_cache_layout="dsv4-fp8", out=out,
+                                      implementation=implementation)
 
 
 def _gathered(p: Problem, x: dict) -> torch.Tensor:
@@ -126,7 +127,8 @@ def _gather_then_flex(p: Problem, x: dict):
 
 
 CONTENDERS = {
-    "fmha": _ours,
+    "fmha": _ours,  # fmha.attention: the Gluon sparse-decode kernel on Hopper
+    "fmha, Gluon off": lambda p, x: _ours(p, x, implementation="triton"),  # fmha.triton_sources
     "gather + fmha dense": _gather_then_ours,
     "gather + sdpa efficient": _gather_then_sdpa("EFFICIENT_ATTENTION"),
     "gather + sdpa cudnn": _gather_then_sdpa("CUDNN_ATTENTION"),

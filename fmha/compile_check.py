@@ -1,7 +1,8 @@
 """Compile fmha's attention kernels for Hopper (sm_90) on any machine, no GPU needed, and report
 what the tile table costs: shared memory, registers, stack (spills). Head dim 512 in bf16 also
 compiles the Gluon kernel that runs it on Hopper (fmha.gluon_attention); `--sources` compiles
-contract v2's kernel (fmha.triton_sources) for its DSV4 sparse decode and a ragged paged prefill.
+contract v2's kernels (fmha.triton_sources for its DSV4 sparse decode and a ragged paged prefill,
+fmha.gluon_sparse for the sparse decode).
 
     TRITON_INTERPRET=0 python -m fmha.compile_check [HEAD_DIM ...] [--dtype bf16|fp16|fp32 ...] [--sources]
 
@@ -30,7 +31,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fmha import gluon_attention, triton_attention, triton_sources
+from fmha import gluon_attention, gluon_sparse, triton_attention, triton_sources
 from fmha.problem import Problem
 
 HOPPER = GPUTarget("cuda", 90, 64)
@@ -95,13 +96,32 @@ def compile_sources(problem: Problem) -> tuple[dict, int, int, int]:
     return tiles, *_compile(ASTSource, triton_sources._sources_fwd, types, constants, options)
 
 
-def _compile(source_type, kernel, types: dict, constants: dict, options: dict) -> tuple[int, int, int]:
-    """Compile `kernel` for sm_90 (arguments not in `types` are i32, `constants` constexpr);
-    return (shared memory bytes, registers per thread, stack bytes per thread)."""
+def compile_gluon_sparse(problem: Problem) -> tuple[int, int, int]:
+    """(shared memory bytes, registers per thread, stack bytes per thread) of the Gluon
+    sparse-decode kernel for `problem` as a launch on contiguous tensors compiles it: pointers
+    and the specialized strides 16-divisible (its FP8 loads are 16-byte vectors then)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cache = lambda layout: "*u8" if layout else "*bf16"  # noqa: E731
+    types = dict(Q="*bf16", K1=cache(problem.cache_layout),
+                 K2=cache(problem.extra_cache_layout or problem.cache_layout), SINK="*fp32", O="*bf16", LSE="*fp32",
+                 qk_scale="fp32",
+                 **{name: "*i32" for name in ("IDX1", "IDX2", "TOPK_LEN1", "TOPK_LEN2")})
+    aligned = [name for name in gluon_sparse._sparse_fwd.arg_names
+               if name in types and name != "qk_scale" or name.startswith(("stride_q", "stride_o", "stride_k"))]
+    return _compile(GluonASTSource, gluon_sparse._sparse_fwd, types, gluon_sparse.specialization(problem),
+                    {"num_warps": 4}, aligned)
+
+
+def _compile(source_type, kernel, types: dict, constants: dict, options: dict, aligned=()) -> tuple[int, int, int]:
+    """Compile `kernel` for sm_90 (arguments not in `types` are i32, `constants` constexpr,
+    those in `aligned` divisible by 16); return (shared memory bytes, registers per thread,
+    stack bytes per thread)."""
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update(types)
     signature.update({name: "constexpr" for name in constants})
-    source = source_type(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = source_type(kernel, signature, {(kernel.arg_names.index(k),): v for k, v in constants.items()}, attrs)
     compiled = triton.compile(source, target=HOPPER, options=options)
     return compiled.metadata.shared, *_resource_usage(compiled.asm["cubin"])
 
@@ -145,6 +165,8 @@ def main(argv=None) -> int:
             tiles, shared, registers, stack = compile_sources(problem)
             shape = tuple(tiles[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "num_warps"))
             failures += _report(f"v2 {what}: tiles {shape}", shared, registers, stack)
+            if not gluon_sparse.CAPABILITIES.not_supported_reasons(problem, "cuda"):
+                failures += _report(f"v2 {what}, Gluon", *compile_gluon_sparse(problem))
         except Exception as e:  # noqa: BLE001 -- as above
             failures += 1
             print(f"v2 {what}: does not compile: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)

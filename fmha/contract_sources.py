@@ -22,6 +22,8 @@ def _is_int32(name: str, t, shape: tuple, layout: str, device) -> torch.Tensor:
         _fail(f"{name}: expected an int32 tensor {layout}, got {type(t).__qualname__}")
     if t.dtype != torch.int32 or tuple(t.shape) != shape or t.device != device:
         _fail(f"{name}: expected int32 {layout} = {shape} on {device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if t.numel() and t.stride(-1) != 1:  # the kernels step through the last dim one element at a time
+        _fail(f"{name}: expected a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
     return t
 
 

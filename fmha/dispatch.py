@@ -8,10 +8,11 @@
 `attention` checks the call against the contract (fmha.contract), then runs the first
 implementation in IMPLEMENTATIONS that supports it on this device (xformers' dispatch is the
 model): the Gluon kernel for bf16 head dim 512 on Hopper, the Triton kernel for everything
-else; contract v2's sources (a block table or indices: docs/contract.md) go to
-fmha.triton_sources. `implementation="triton"` (or "gluon") runs that one or raises
-NotSupportedError with its reasons; `not_supported_reasons` says why each one would not run
-a dense call.
+else; contract v2's sources (a block table or indices: docs/contract.md) go to the Gluon
+sparse-decode kernel for index-sparse bf16 head dim 512 K = V calls on Hopper (DSV4 decode:
+fmha.gluon_sparse) and to fmha.triton_sources for the rest. `implementation="triton"` (or
+"gluon") runs that family's kernel or raises NotSupportedError with its reasons;
+`not_supported_reasons` says why each one would not run a dense call.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import dataclasses
 
 import torch
 
-from fmha import gluon_attention, host, triton_attention, triton_merge, triton_sources
+from fmha import gluon_attention, gluon_sparse, host, triton_attention, triton_merge, triton_sources
 from fmha.contract import NotSupportedError, check_attention_args
 from fmha.problem import Problem
-from fmha.triton_utils import triton_availability
 
 # In priority order: the first that supports a call runs it.
 IMPLEMENTATIONS: tuple[host.Implementation, ...] = (gluon_attention.IMPLEMENTATION, triton_attention.IMPLEMENTATION)
+# The same for contract v2's sources, by the `implementation` name that picks each.
+SOURCE_IMPLEMENTATIONS = {"gluon": gluon_sparse, "triton": triton_sources}
 # What fmha.attention supports: the union, the Triton kernels' (dense, and v2's sources).
 CAPABILITIES = dataclasses.replace(
     triton_attention.CAPABILITIES, sources=triton_attention.CAPABILITIES.sources | triton_sources.CAPABILITIES.sources,
@@ -56,19 +58,16 @@ def _attend(implementations, q, k, v, *, scale, causal, window, sink, out, **ove
     return host.run(impl, problem, q, k, v, scale=scale, window=problem.window, sink=sink, out=out, **overrides)
 
 
-def _attend_sources(q, k, v, *, scale, causal, window, sink, out, implementation, **source_args):
+def _attend_sources(implementations: dict, q, k, v, *, scale, causal, window, sink, out, **source_args):
     problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                    **source_args)
-    reasons = ([f"{implementation}: dense calls only (paged and sparse ones run on the Triton kernel)"]
-               if implementation not in (None, "triton") else [])
-    unavailable = triton_availability(q.device)
-    reasons += [unavailable] if unavailable else []
-    reasons += triton_sources.CAPABILITIES.not_supported_reasons(problem, q.device.type,
-                                                                  ("out",) if out is not None else ())
-    if reasons:
-        raise NotSupportedError("; ".join(reasons))
     del source_args["cache_layout"], source_args["extra_cache_layout"]  # the problem carries them
-    return triton_sources.attention(problem, q, k, v, scale=scale, sink=sink, out=out, **source_args)
+    reasons = {}
+    for name, module in implementations.items():
+        reasons[name] = module.not_supported_reasons(problem, q.device, ("out",) if out is not None else ())
+        if not reasons[name]:
+            return module.attention(problem, q, k, v, scale=scale, sink=sink, out=out, **source_args)
+    raise NotSupportedError("; ".join(f"{name}: {'; '.join(why)}" for name, why in reasons.items()))
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, block_table=None, kv_lens=None,
@@ -82,15 +81,14 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=
                        topk_len=topk_len, extra_k_cache=extra_k_cache, extra_indices=extra_indices,
                        extra_topk_len=extra_topk_len, cache_layout=cache_layout,
                        extra_cache_layout=extra_cache_layout)
+    names = [impl.name for impl in IMPLEMENTATIONS]
+    if implementation is not None and implementation not in names:
+        raise ValueError(f"implementation: expected one of {', '.join(names)} or None, got {implementation!r}")
     if any(a is not None for a in source_args.values()):
-        return _attend_sources(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
-                               implementation=implementation, **source_args)
-    chosen = IMPLEMENTATIONS
-    if implementation is not None:
-        chosen = [impl for impl in IMPLEMENTATIONS if impl.name == implementation]
-        if not chosen:
-            names = ", ".join(impl.name for impl in IMPLEMENTATIONS)
-            raise ValueError(f"implementation: expected one of {names} or None, got {implementation!r}")
+        chosen = {name: module for name, module in SOURCE_IMPLEMENTATIONS.items() if implementation in (None, name)}
+        return _attend_sources(chosen, q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
+                               **source_args)
+    chosen = [impl for impl in IMPLEMENTATIONS if implementation in (None, impl.name)]
     return _attend(chosen, q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out)
 
 
@@ -102,6 +100,23 @@ def only(impl: host.Implementation, **overrides):
         return _attend([impl], q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out, **overrides)
 
     attention_by.__name__ = f"attention_by_{impl.name}"
+    return attention_by
+
+
+def only_sources(name: str, module):
+    """fmha.attention for contract v2's calls restricted to `module` (fmha.gluon_sparse,
+    fmha.triton_sources, or a patched copy: regressions' mutants)."""
+
+    def attention_by(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, block_table=None,
+                     kv_lens=None, cu_seqlens_q=None, indices=None, topk_len=None, extra_k_cache=None,
+                     extra_indices=None, extra_topk_len=None, cache_layout=None, extra_cache_layout=None):
+        return _attend_sources({name: module}, q, k, v, scale=scale, causal=causal, window=window, sink=sink,
+                               out=out, block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
+                               indices=indices, topk_len=topk_len, extra_k_cache=extra_k_cache,
+                               extra_indices=extra_indices, extra_topk_len=extra_topk_len, cache_layout=cache_layout,
+                               extra_cache_layout=extra_cache_layout)
+
+    attention_by.__name__ = f"attention_by_{name}"
     return attention_by
 
 

@@ -11,11 +11,12 @@ else from the current directory (`pytest --fmha-kernel mykernel:fwd` next to myk
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
 
-from fmha import dispatch, gluon_attention, merge_torch, triton_attention
+from fmha import dispatch, gluon_attention, gluon_sparse, merge_torch
 from fmha.adapters import flex, paged, sdpa
 from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
 from fmha.triton_utils import triton_availability
@@ -26,18 +27,25 @@ OURS = [
         availability=triton_availability,
         description="fmha.attention: the Gluon kernel for bf16 head dim 512 on Hopper, the Triton kernel for "
                     "everything else (compiled on CUDA, TRITON_INTERPRET=1 on CPU); contract v2's sources "
-                    "through fmha.triton_sources",
+                    "through fmha.gluon_sparse (DSV4's sparse decode on Hopper) and fmha.triton_sources",
     ),
     KernelEntry(
-        name="triton", fn=dispatch.only(triton_attention.IMPLEMENTATION),
-        capabilities=triton_attention.CAPABILITIES, default_devices=(), availability=triton_availability,
-        description="fmha's Triton kernel alone, also where fmha.attention would run the Gluon one",
+        name="triton", fn=functools.partial(dispatch.attention, implementation="triton"),
+        capabilities=dispatch.CAPABILITIES, default_devices=(), availability=triton_availability,
+        description="fmha's Triton kernels alone (dense and contract v2's sources), also where fmha.attention "
+                    "would run a Gluon one",
     ),
     KernelEntry(
         name="gluon", fn=dispatch.only(gluon_attention.IMPLEMENTATION),
         capabilities=gluon_attention.CAPABILITIES, availability=gluon_attention.availability,
         default_devices=("cuda",),
         description="fmha's Gluon kernel alone (bf16 head dim 512 on Hopper; fmha.attention runs it there)",
+    ),
+    KernelEntry(
+        name="gluon-sparse", fn=dispatch.only_sources("gluon", gluon_sparse),
+        capabilities=gluon_sparse.CAPABILITIES, availability=gluon_sparse.availability, default_devices=("cuda",),
+        description="fmha's Gluon sparse-decode kernel alone (DSV4: index-sparse bf16 head dim 512 K = V over "
+                    "bf16, FP8 or FP4 caches, on Hopper; fmha.attention runs it there)",
     ),
 ]
 

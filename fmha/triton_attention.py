@@ -232,12 +232,26 @@ GPU_TILES = {
 SHARED_KV_TILES = {
     512: (128, 32, 256, 8, 3),
 }
+# fp32 (IEEE dots on the FMA units, no tensor cores): tiles that keep the dots in registers.
+# The table's tiles spilled 5-19 KB of stack a thread (`fmha.compile_check --dtype fp32`), and
+# the driver reserves stack x 2048 threads x 132 SMs of local memory per process, outside
+# PyTorch's allocator, for good: 6.9 GB once a process had run hd64-256 in fp32 on an H200
+# (reports/2026-12-02-h200), which ran the nightly profile's 16 workers out of GPU memory.
+# These spill 0-170 B below head dim 512 (2.5 KB there); head dims above 128 go in chunks of
+# 128 (FP32_CHUNK) where they fit in two.
+FP32_TILES = {
+    64: (16, 32, 64, 4, 2),
+    128: (16, 32, 64, 4, 2),
+    256: (16, 32, 64, 4, 2),
+    512: (16, 16, 128, 8, 1),
+}
+FP32_CHUNK = 128
 SHARED_MEMORY_BYTES = 227 * 1024  # per block on Hopper
 
 
-def _chunk(D: int) -> int:
-    """BLOCK_D: the head dim in one chunk up to 256 (TMA boxes stop at 256), else two."""
-    return triton.next_power_of_2(D if D <= 256 else triton.cdiv(D, 2))
+def _chunk(D: int, widest: int = 256) -> int:
+    """BLOCK_D: the head dim in one chunk up to `widest` (TMA boxes stop at 256), else two."""
+    return triton.next_power_of_2(D if D <= widest else triton.cdiv(D, 2))
 
 
 def _shared_bytes(t: dict, D: int, element_size: int) -> int:
@@ -261,7 +275,11 @@ def _tiles(problem, device_type: str, override: tuple | None = None, k_is_v: boo
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_D=block_d, BLOCK_DV=block_dv, V_FROM_K=k_is_v,
                     num_warps=4, num_stages=1)
     key = next(k for k in sorted(GPU_TILES) if max(D, DV) <= k)
-    m, n, dv, warps, stages = override or (k_is_v and SHARED_KV_TILES.get(key)) or GPU_TILES[key]
+    if problem.dtype == torch.float32:
+        block_d = _chunk(D, FP32_CHUNK)
+        m, n, dv, warps, stages = override or FP32_TILES[key]
+    else:
+        m, n, dv, warps, stages = override or (k_is_v and SHARED_KV_TILES.get(key)) or GPU_TILES[key]
     if not override and m > 64 and problem.q_len * problem.group <= 64:
         m, warps = 64, warps // 2  # few rows per KV head (small-batch decode): half the tile idles
     t = dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, BLOCK_DV=min(dv, triton.next_power_of_2(DV)),

@@ -40,7 +40,7 @@ from fmha.host import LOG2E
 from fmha.problem import CACHE_LAYOUTS
 from fmha.triton_attention import HEAD_DIMS, _dot, _pv_mode
 from fmha.triton_merge import merge_into
-from fmha.triton_utils import interpreting, round_for_bf16
+from fmha.triton_utils import interpreting, round_for_bf16, triton_availability
 
 # The window a causal call without one gets: a runtime value past every key distance, so
 # causal calls with and without a window share one compile.
@@ -350,8 +350,10 @@ def _tiles(problem, device_type: str) -> dict:
                     BLOCK_DV=block_dv, num_warps=4, num_stages=1)
     # Whole head dims in registers: fmha.compile_check for sm_90 (2026-12-01) spilled 7 KB a
     # thread at 64 x 16 for head dim 512, 112 B at 16 x 16; 632 B at 64 x 32 for 128.
-    wide = max(block_d, block_dv) > 256
-    return dict(BLOCK_M=16 if wide else 32, BLOCK_N=16 if wide else 32, BLOCK_D=block_d, BLOCK_DV=block_dv,
+    # fp32 (FMA dots) spilled 1.5 KB at 32 x 32 for head dim 128, 7.5 KB for 256: local memory
+    # the driver reserves per process (fmha.triton_attention.FP32_TILES).
+    small = max(block_d, block_dv) > 256 or (problem.dtype == torch.float32 and max(block_d, block_dv) > 64)
+    return dict(BLOCK_M=16 if small else 32, BLOCK_N=16 if small else 32, BLOCK_D=block_d, BLOCK_DV=block_dv,
                 num_warps=4, num_stages=1)
 
 
@@ -450,3 +452,11 @@ CAPABILITIES = Capabilities(
     notes={"head_dim": "multiples of 16 up to 512 (tiles are powers of two, masked)",
            "dense": "dense calls go to fmha.triton_attention"},
 )
+
+
+def not_supported_reasons(problem, device, needs=()) -> list[str]:
+    """Why this kernel would not run `problem` on `device` (empty: it would)."""
+    unavailable = triton_availability(device)
+    if unavailable:
+        return [unavailable]
+    return CAPABILITIES.not_supported_reasons(problem, torch.device(device).type, needs)

@@ -1,6 +1,7 @@
-"""Mutants of the Gluon kernel (fmha.gluon_attention, bf16 head dim 512 on Hopper): seed bugs
-put back into its code, each with the trap it belongs to, and the head-dim-512 reproducers
-that must catch them.
+"""Mutants of the Gluon kernels (fmha.gluon_attention, bf16 head dim 512 on Hopper, and
+fmha.gluon_sparse, DSV4's sparse decode): seed bugs and shipped sparse-decode bugs put back
+into their code, each with the trap it belongs to; the head-dim-512 reproducers (dense) and
+the trap's own cases (sparse) must catch them.
 
 They live apart from the kill matrix, which runs on the CPU where Gluon cannot:
 regressions/test_gluon_mutants.py runs them on a Hopper GPU (the GPU tier).
@@ -9,7 +10,7 @@ regressions/test_gluon_mutants.py runs them on a Hopper GPU (the GPU tier).
 from __future__ import annotations
 
 from fmha.problem import Problem
-from fmha.regressions.mutation import Mutant, patched_gluon_kernel
+from fmha.regressions.mutation import Mutant, patched_gluon_kernel, patched_gluon_sparse_kernel
 from fmha.regressions.trap import reproducer
 
 # The trap reproducers in the Gluon kernel's shapes: DSV4 decode with a ragged last key tile,
@@ -50,4 +51,25 @@ MUTANTS = (
             "o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]\n",
             "o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]\n"
             "        o = o / f_s.index(1).load(row_pv)[:, None]\n"))),
+)
+
+# The sparse-decode kernel's: each is caught by its contract-v2 trap's cases (hd512, K = V,
+# FP8 and FP4 caches), which the kernel runs.
+SPARSE_MUTANTS = (
+    Mutant(
+        "gluon-sparse-minus-one-is-slot-0", "minus-one-is-slot-0",
+        "the gather clamps a slot of -1 to 0 and reads it as a key",
+        lambda: patched_gluon_sparse_kernel("gluon-sparse-minus-one-is-slot-0", (
+            "            read = (keys < n_keys) & (slot >= 0)\n            slot = gl.where(read, slot, 0)\n",
+            "            read = keys < n_keys\n            slot = gl.maximum(slot, 0)\n"))),
+    Mutant(
+        "gluon-sparse-topk-len-ignored", "topk-len-ignored",
+        "the first scope runs to top-k whatever the request's topk_len",
+        lambda: patched_gluon_sparse_kernel("gluon-sparse-topk-len-ignored", (
+            "            n_keys1 = gl.load(TOPK_LEN1 + b)\n", "            n_keys1 = topk1\n"))),
+    Mutant(
+        "gluon-sparse-fp8-scale-wrong-tile", "fp8-scale-wrong-tile",
+        "the first 64 FP8 dims take the second tile's scale",
+        lambda: patched_gluon_sparse_kernel("gluon-sparse-fp8-scale-wrong-tile", (
+            "s0 = gl.load(scales, mask=read, other=127)", "s0 = gl.load(scales + 1, mask=read, other=127)"))),
 )

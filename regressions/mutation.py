@@ -99,6 +99,16 @@ def patched_gluon_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
     return dataclasses.replace(entry, availability=module.availability)
 
 
+def patched_gluon_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
+    """fmha's Gluon sparse-decode kernel with `patches` applied (Hopper GPUs only)."""
+    from fmha import gluon_sparse
+
+    module = _import_patched("_mutant_gluon_sparse", name, patch_source(
+        inspect.getsource(gluon_sparse), patches, name, "fmha/gluon_sparse.py"))
+    entry = wrapped_kernel(name, dispatch.only_sources(f"mutant:{name}", module), module.CAPABILITIES)
+    return dataclasses.replace(entry, availability=module.availability)
+
+
 def wrapped_kernel(name: str, fn: Callable, capabilities=None) -> KernelEntry:
     return KernelEntry(name=f"mutant:{name}", fn=fn, capabilities=capabilities or triton_attention.CAPABILITIES,
                        description=f"regressions mutant {name}")

@@ -69,6 +69,10 @@ def _refused(match, *args, **kwargs):
     (dict(block_table=torch.tensor([[5, 0], [2, 2], [1, 3]])), "block_table: expected int32 (B, max_blocks)"),
     (dict(indices=torch.zeros(3, 2, 4, **I32)), "block_table, indices: a call reads a paged cache through"),
     (dict(topk_len=torch.zeros(3, **I32)), "topk_len, extra_*: they describe an index-sparse call"),
+    (dict(block_table=torch.tensor([[5, 5, 0, 0], [2, 2, 2, 2], [1, 1, 3, 3]], **I32)[:, ::2]),
+     "block_table: expected a contiguous last dim (stride 1), got strides (4, 2)"),
+    (dict(kv_lens=torch.tensor([5, 5, 0, 0, 8, 8], **I32)[::2]),
+     "kv_lens: expected a contiguous last dim (stride 1), got strides (2,)"),
 ])
 def test_paged_calls_refused(change, message):
     q, k, v, kw = _paged()
@@ -97,6 +101,8 @@ def test_ragged_cu_seqlens_must_run_from_zero_to_total_q():
     (dict(cache_layout="dsv4-fp4"), "k: a dsv4-fp4 cache is uint8 (num_blocks, block_size, 1, 368), got torch.uint8 "
                                     "(3, 64, 1, 584)"),
     (dict(cache_layout="int8"), "k: cache_layout expected one of dsv4-fp8, dsv4-fp4, got 'int8'"),
+    (dict(indices=torch.zeros(2, 1, 12, **I32)[:, :, ::2]),
+     "indices: expected a contiguous last dim (stride 1), got strides (12, 12, 2)"),
 ])
 def test_sparse_calls_refused(change, message):
     q, cache, kw = _sparse()

@@ -1,12 +1,13 @@
-"""The Gluon kernel's mutants (regressions/gluon_mutants.py): on a Hopper GPU each fails at
-least one head-dim-512 reproducer, which fmha's own kernel passes."""
+"""The Gluon kernels' mutants (regressions/gluon_mutants.py): on a Hopper GPU each fails at
+least one head-dim-512 reproducer (the sparse kernel's: one of its trap's cases), which fmha's
+own kernels pass (the trap cases: regressions/test_traps.py)."""
 
 import pytest
 import torch
 
-from fmha import gluon_attention
+from fmha import gluon_attention, gluon_sparse
 from fmha.registry import resolve_kernel
-from fmha.regressions.gluon_mutants import CASES, MUTANTS
+from fmha.regressions.gluon_mutants import CASES, MUTANTS, SPARSE_MUTANTS
 from fmha.regressions.trap import check_case
 from fmha.regressions.traps import TRAPS
 
@@ -21,7 +22,7 @@ def hopper(device):
     return device
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", MUTANTS + SPARSE_MUTANTS, ids=lambda m: m.name)
 def test_gluon_mutant_builds_and_names_a_trap(mutant):
     """On any machine: the patch still applies exactly once (MutationError otherwise)."""
     assert mutant.trap in TRAPS, f"mutant {mutant.name}: no trap {mutant.trap!r}"
@@ -40,3 +41,14 @@ def test_gluon_mutant_is_caught(mutant, hopper):
     failures = {case.id: check_case(mutant.kernel(), case, hopper) for case in CASES}
     assert any(failures.values()), (f"mutant {mutant.name} ({mutant.bug}) passes every head-dim-512 reproducer "
                                     f"({', '.join(failures)}): the trap {mutant.trap} does not reach the Gluon kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutant", SPARSE_MUTANTS, ids=lambda m: m.name)
+def test_gluon_sparse_mutant_is_caught(mutant, hopper):
+    cases = [case for case in TRAPS[mutant.trap].cases
+             if not gluon_sparse.not_supported_reasons(case.problem, hopper)]
+    assert cases, f"the Gluon sparse kernel runs none of trap {mutant.trap}'s cases"
+    failures = {case.id: check_case(mutant.kernel(), case, hopper) for case in cases}
+    assert any(failures.values()), (f"mutant {mutant.name} ({mutant.bug}) passes every case of its trap "
+                                    f"({', '.join(failures)})")
