@@ -102,6 +102,55 @@ if IMPORT_ERROR is None:
         gl.store(ptrs, o.to(O.dtype.element_ty), mask=(rows < T * G)[:, None])
 
     @gluon.jit
+    def _online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i):
+        """A key tile's logits `s` (base 2, -inf where masked) into the running max and sum;
+        P (bf16 hi + lo) and the rescale handed to warpgroup 1 in slot i % 2 once it has
+        finished with it: (p_hi, p_lo, alpha, m_i, l_i)."""
+        slot = i % 2
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        p_hi = p.to(gl.bfloat16)
+        p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
+        mbarrier.wait(pfree.index(slot), ((i // 2) & 1) ^ 1)
+        p_s.index(2 * slot).store(p_hi)
+        p_s.index(2 * slot + 1).store(p_lo)
+        a_s.index(slot).store(alpha)
+        fence_async_shared()
+        mbarrier.arrive(pfull.index(slot), count=1)
+        return p_hi, p_lo, alpha, m_new, l_i
+
+    @gluon.jit
+    def _pv_half(acc, p_hi, p_lo, v, p_layout: gl.constexpr):
+        """acc + P.V for warpgroup 0's half of Dv: P as bf16 hi + lo, two MMAs."""
+        acc = warpgroup_mma(gl.convert_layout(p_hi, p_layout), v, acc, is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(p_lo, p_layout), v, acc, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    @gluon.jit
+    def _finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK: gl.constexpr):
+        """(the accumulator's rescale, the softmax denominator, the LSE in natural log) of each
+        row; warpgroup 1 gets the first two through f_s once `done` fires. With HAS_SINK,
+        `sink` (the rows' sinks, base 2) joins the denominator, never a value; the max is
+        taken with it first so a large sink cannot overflow exp2."""
+        scale_old = gl.full(m_i.shape, 1.0, gl.float32, m_i.type.layout)
+        if HAS_SINK:
+            m_final = gl.maximum(m_i, sink)
+            m_final_safe = gl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
+            scale_old = gl.exp2(m_i - m_final_safe)
+            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe)
+            m_i = m_final
+        empty = l_i == 0.0
+        denominator = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(denominator)) * 0.6931471805599453)  # ln(2)
+        f_s.index(0).store(scale_old)
+        f_s.index(1).store(denominator)
+        mbarrier.arrive(done, count=1)
+        return scale_old, denominator, lse
+
+    @gluon.jit
     def _softmax_partition(q_s, k_s, v_s, p_s, a_s, f_s, kready, kfree, vready, vfree, pfull, pfree, done,
                            SINK, O, LSE, stride_os, stride_ob, stride_ot, stride_oh, stride_ls, stride_lb, stride_lh,
                            split, b, kvh, row0, T, S, G, WINDOW, qk_scale, lo, hi, n_tiles,
@@ -123,7 +172,6 @@ if IMPORT_ERROR is None:
         for i in range(n_tiles):
             ks = i % K_STAGES
             vs = i % V_STAGES
-            slot = i % 2
             mbarrier.wait(kready.index(ks), (i // K_STAGES) & 1)
             s = warpgroup_mma(q_s.index(0), _tile(k_s, 2 * ks).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s = warpgroup_mma(q_s.index(1), _tile(k_s, 2 * ks + 1).permute((1, 0)), s, is_async=True)
@@ -137,47 +185,16 @@ if IMPORT_ERROR is None:
             if WINDOWED:
                 visible = visible & (cols[None, :] > position[:, None] - WINDOW)
             s = gl.where(visible, s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
-            alpha = gl.exp2(m_i - m_safe)
-            p = gl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            p_hi = p.to(gl.bfloat16)
-            p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
-            # Hand P and the rescale to warpgroup 1 once it has finished with the slot.
-            mbarrier.wait(pfree.index(slot), ((i // 2) & 1) ^ 1)
-            p_s.index(2 * slot).store(p_hi)
-            p_s.index(2 * slot + 1).store(p_lo)
-            a_s.index(slot).store(alpha)
-            fence_async_shared()
-            mbarrier.arrive(pfull.index(slot), count=1)
-
+            p_hi, p_lo, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
             acc = acc * gl.convert_layout(alpha, row_pv)[:, None]
             mbarrier.wait(vready.index(vs), (i // V_STAGES) & 1)
-            v = _tile(v_s, 2 * vs)
-            acc = warpgroup_mma(gl.convert_layout(p_hi, p_layout), v, acc, is_async=True)
-            acc = warpgroup_mma(gl.convert_layout(p_lo, p_layout), v, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = _pv_half(acc, p_hi, p_lo, _tile(v_s, 2 * vs), p_layout)
             mbarrier.arrive(vfree.index(vs), count=1)
 
-        scale_old = gl.full([ROWS], 1.0, gl.float32, row_qk)
+        sink = m_i
         if HAS_SINK:
-            # The sink joins the denominator (never a value); take the max with it first so a
-            # large sink cannot overflow exp2.
             sink = gl.load(SINK + kvh * G + rows % G, mask=rows < T * G, other=0.0).to(gl.float32) * 1.4426950408889634
-            m_final = gl.maximum(m_i, sink)
-            m_final_safe = gl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
-            scale_old = gl.exp2(m_i - m_final_safe)
-            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe)
-            m_i = m_final
-        empty = l_i == 0.0
-        denominator = gl.where(empty, 1.0, l_i)
-        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(denominator)) * 0.6931471805599453)  # ln(2)
-        # Warpgroup 1 finishes its half with the same two factors.
-        f_s.index(0).store(scale_old)
-        f_s.index(1).store(denominator)
-        mbarrier.arrive(done, count=1)
+        scale_old, denominator, lse = _finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK)
         lse_ptrs = LSE + split * stride_ls + b * stride_lb + (kvh * G + rows % G) * stride_lh + rows // G
         gl.store(lse_ptrs, lse, mask=rows < T * G)
         o = acc * gl.convert_layout(scale_old, row_pv)[:, None] / gl.convert_layout(denominator, row_pv)[:, None]

@@ -97,7 +97,8 @@ if dense.IMPORT_ERROR is None:
             if LAYOUT == 1:
                 # dsv4-fp8: e4m3 in 7 tiles of 64, then 64 bf16 rope dims (576 data bytes a token),
                 # the page's scales (8 bytes a token) after its tokens. The whole tile's bytes
-                # are loaded before the wait, so their latency overlaps the consumers' work.
+                # are loaded before the wait, so their latency overlaps the consumers' work:
+                # seven named loads, since a loop's body could not keep its results for after.
                 page_base = K + page * stride_kb
                 token = page_base + offset * 576
                 scales = page_base + block_size * 576 + offset * 8
@@ -181,51 +182,21 @@ if dense.IMPORT_ERROR is None:
         acc = gl.zeros([ROWS, CHUNK], gl.float32, pv_layout)
         for i in range(n_tiles):
             ks = i % STAGES
-            slot = i % 2
             mbarrier.wait(kready.index(ks), (i // STAGES) & 1)
             s = warpgroup_mma(q_s.index(0), k_s.index(2 * ks).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s = warpgroup_mma(q_s.index(1), k_s.index(2 * ks + 1).permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             # 0 for a key, -inf for a slot that is none (its tile row is zeros)
             s = s * qk_scale + bias_s.index(ks).load(gl.SliceLayout(0, qk_layout))[None, :]
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-            alpha = gl.exp2(m_i - m_safe)
-            p = gl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            p_hi = p.to(gl.bfloat16)
-            p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
-            # Hand P and the rescale to warpgroup 1 once it has finished with the slot.
-            mbarrier.wait(pfree.index(slot), ((i // 2) & 1) ^ 1)
-            p_s.index(2 * slot).store(p_hi)
-            p_s.index(2 * slot + 1).store(p_lo)
-            a_s.index(slot).store(alpha)
-            fence_async_shared()
-            mbarrier.arrive(pfull.index(slot), count=1)
-
+            p_hi, p_lo, alpha, m_i, l_i = dense._online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
             acc = acc * gl.convert_layout(alpha, row_pv)[:, None]
-            v = k_s.index(2 * ks)
-            acc = warpgroup_mma(gl.convert_layout(p_hi, p_layout), v, acc, is_async=True)
-            acc = warpgroup_mma(gl.convert_layout(p_lo, p_layout), v, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = dense._pv_half(acc, p_hi, p_lo, k_s.index(2 * ks), p_layout)
             mbarrier.arrive(kfree.index(ks), count=1)
 
-        scale_old = gl.full([ROWS], 1.0, gl.float32, row_qk)
-        if HAS_SINK:
-            # Once, over both scopes; the max with it first so a large sink cannot overflow exp2.
+        sink = m_i
+        if HAS_SINK:  # once, over both scopes
             sink = gl.load(SINK + kvh * G + rows, mask=rows < G, other=0.0).to(gl.float32) * 1.4426950408889634
-            m_final = gl.maximum(m_i, sink)
-            m_final_safe = gl.where(m_final == float("-inf"), 0.0, m_final)  # no key, sink -inf
-            scale_old = gl.exp2(m_i - m_final_safe)
-            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe)
-            m_i = m_final
-        empty = l_i == 0.0
-        denominator = gl.where(empty, 1.0, l_i)
-        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(denominator)) * 0.6931471805599453)  # ln(2)
-        f_s.index(0).store(scale_old)
-        f_s.index(1).store(denominator)
-        mbarrier.arrive(done, count=1)
+        scale_old, denominator, lse = dense._finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK)
         gl.store(LSE + b * stride_lb + (kvh * G + rows) * stride_lh + t * stride_lt, lse, mask=rows < G)
         o = acc * gl.convert_layout(scale_old, row_pv)[:, None] / gl.convert_layout(denominator, row_pv)[:, None]
         # One query row: fmha.gluon_attention's row store with T = 1 and the row's offset as its split.
