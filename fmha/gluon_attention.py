@@ -102,6 +102,18 @@ if IMPORT_ERROR is None:
         gl.store(ptrs, o.to(O.dtype.element_ty), mask=(rows < T * G)[:, None])
 
     @gluon.jit
+    def _handoff_barriers():
+        """Warpgroup 0 to warpgroup 1: P full and P free (two slots each), and the row factors done."""
+        pfull = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(2):
+            mbarrier.init(pfull.index(s), count=1)
+            mbarrier.init(pfree.index(s), count=1)
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(done, count=1)
+        return pfull, pfree, done
+
+    @gluon.jit
     def _online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i):
         """A key tile's logits `s` (base 2, -inf where masked) into the running max and sum;
         P (bf16 hi + lo) and the rescale handed to warpgroup 1 in slot i % 2 once it has
@@ -289,13 +301,7 @@ if IMPORT_ERROR is None:
             for s in gl.static_range(V_STAGES):
                 mbarrier.init(vready.index(s), count=1)
                 mbarrier.init(vfree.index(s), count=2)
-        pfull = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(2):
-            mbarrier.init(pfull.index(s), count=1)
-            mbarrier.init(pfree.index(s), count=1)
-        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(done, count=1)
+        pfull, pfree, done = _handoff_barriers()
 
         gl.warp_specialize([
             (_softmax_partition, (q_s, k_s, v_s, p_s, a_s, f_s, kready, kfree, vready, vfree, pfull, pfree, done,

@@ -260,13 +260,7 @@ if dense.IMPORT_ERROR is None:
         for s in gl.static_range(STAGES):
             mbarrier.init(kready.index(s), count=1)
             mbarrier.init(kfree.index(s), count=2)  # K is V: both warpgroups free a tile after P.V
-        pfull = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        pfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(2):
-            mbarrier.init(pfull.index(s), count=1)
-            mbarrier.init(pfree.index(s), count=1)
-        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(done, count=1)
+        pfull, pfree, done = dense._handoff_barriers()
 
         gl.warp_specialize([
             (_softmax_partition, (q_s, k_s, bias_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
