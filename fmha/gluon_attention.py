@@ -67,6 +67,15 @@ CONSUMER_REGS, PRODUCER_REGS = tl.constexpr(232), tl.constexpr(40)
 
 
 if IMPORT_ERROR is None:
+    # The consumer warpgroups' register layouts: S = QK^T (ROWS x BLOCK_N) and the P.V
+    # accumulator (ROWS x CHUNK) as wgmma writes them, P as its A operand, and their rows.
+    QK_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N.value, 16]))
+    PV_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, CHUNK.value, 16]))
+    P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=PV_LAYOUT.value, k_width=2))
+    ROW_QK = gl.constexpr(gl.SliceLayout(1, QK_LAYOUT.value))
+    ROW_PV = gl.constexpr(gl.SliceLayout(1, PV_LAYOUT.value))
 
     @gluon.jit
     def _tile(ring, j):
@@ -135,10 +144,10 @@ if IMPORT_ERROR is None:
         return p_hi, p_lo, alpha, m_new, l_i
 
     @gluon.jit
-    def _pv_half(acc, p_hi, p_lo, v, p_layout: gl.constexpr):
+    def _pv_half(acc, p_hi, p_lo, v):
         """acc + P.V for warpgroup 0's half of Dv: P as bf16 hi + lo, two MMAs."""
-        acc = warpgroup_mma(gl.convert_layout(p_hi, p_layout), v, acc, is_async=True)
-        acc = warpgroup_mma(gl.convert_layout(p_lo, p_layout), v, acc, is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(p_hi, P_LAYOUT), v, acc, is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(p_lo, P_LAYOUT), v, acc, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     @gluon.jit
@@ -168,19 +177,12 @@ if IMPORT_ERROR is None:
                            split, b, kvh, row0, T, S, G, WINDOW, qk_scale, lo, hi, n_tiles,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, V_FROM_K: gl.constexpr,
                            CAUSAL: gl.constexpr, WINDOWED: gl.constexpr, HAS_SINK: gl.constexpr):
-        qk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_N, 16])
-        pv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, CHUNK, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=pv_layout, k_width=2)
-        row_qk: gl.constexpr = gl.SliceLayout(1, qk_layout)
-        row_pv: gl.constexpr = gl.SliceLayout(1, pv_layout)
-        rows = row0 + gl.arange(0, ROWS, layout=row_qk)
+        rows = row0 + gl.arange(0, ROWS, layout=ROW_QK)
         position = S - T + rows // G  # each row's query position, for the masks
-        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, qk_layout)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_qk)
-        l_i = gl.zeros([ROWS], gl.float32, row_qk)
-        acc = gl.zeros([ROWS, CHUNK], gl.float32, pv_layout)
+        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, QK_LAYOUT)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, ROW_QK)
+        l_i = gl.zeros([ROWS], gl.float32, ROW_QK)
+        acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
         for i in range(n_tiles):
             ks = i % K_STAGES
             vs = i % V_STAGES
@@ -190,7 +192,7 @@ if IMPORT_ERROR is None:
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             if not V_FROM_K:
                 mbarrier.arrive(kfree.index(ks), count=1)
-            cols = lo + i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk_layout))
+            cols = lo + i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, QK_LAYOUT))
             visible = (cols < hi)[None, :]
             if CAUSAL:
                 visible = visible & (cols[None, :] <= position[:, None])
@@ -198,9 +200,9 @@ if IMPORT_ERROR is None:
                 visible = visible & (cols[None, :] > position[:, None] - WINDOW)
             s = gl.where(visible, s * qk_scale, float("-inf"))
             p_hi, p_lo, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
-            acc = acc * gl.convert_layout(alpha, row_pv)[:, None]
+            acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
             mbarrier.wait(vready.index(vs), (i // V_STAGES) & 1)
-            acc = _pv_half(acc, p_hi, p_lo, _tile(v_s, 2 * vs), p_layout)
+            acc = _pv_half(acc, p_hi, p_lo, _tile(v_s, 2 * vs))
             mbarrier.arrive(vfree.index(vs), count=1)
 
         sink = m_i
@@ -209,22 +211,19 @@ if IMPORT_ERROR is None:
         scale_old, denominator, lse = _finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK)
         lse_ptrs = LSE + split * stride_ls + b * stride_lb + (kvh * G + rows % G) * stride_lh + rows // G
         gl.store(lse_ptrs, lse, mask=rows < T * G)
-        o = acc * gl.convert_layout(scale_old, row_pv)[:, None] / gl.convert_layout(denominator, row_pv)[:, None]
-        _store_rows(O, o, split, b, kvh, row0, T, G, 0, stride_os, stride_ob, stride_ot, stride_oh, pv_layout)
+        o = acc * gl.convert_layout(scale_old, ROW_PV)[:, None] / gl.convert_layout(denominator, ROW_PV)[:, None]
+        _store_rows(O, o, split, b, kvh, row0, T, G, 0, stride_os, stride_ob, stride_ot, stride_oh, PV_LAYOUT)
 
     @gluon.jit
     def _second_half_partition(v_s, p_s, a_s, f_s, vready, vfree, pfull, pfree, done,
                                O, stride_os, stride_ob, stride_ot, stride_oh, split, b, kvh, row0, T, G, n_tiles,
                                V_STAGES: gl.constexpr):
-        pv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, CHUNK, 16])
-        row_pv: gl.constexpr = gl.SliceLayout(1, pv_layout)
-        acc = gl.zeros([ROWS, CHUNK], gl.float32, pv_layout)
+        acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
         for i in range(n_tiles):
             vs = i % V_STAGES
             slot = i % 2
             mbarrier.wait(pfull.index(slot), (i // 2) & 1)
-            acc = acc * a_s.index(slot).load(row_pv)[:, None]
+            acc = acc * a_s.index(slot).load(ROW_PV)[:, None]
             mbarrier.wait(vready.index(vs), (i // V_STAGES) & 1)
             v = _tile(v_s, 2 * vs + 1)
             acc = warpgroup_mma(p_s.index(2 * slot), v, acc, is_async=True)
@@ -233,8 +232,8 @@ if IMPORT_ERROR is None:
             mbarrier.arrive(pfree.index(slot), count=1)
             mbarrier.arrive(vfree.index(vs), count=1)
         mbarrier.wait(done, 0)
-        o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]
-        _store_rows(O, o, split, b, kvh, row0, T, G, CHUNK, stride_os, stride_ob, stride_ot, stride_oh, pv_layout)
+        o = acc * f_s.index(0).load(ROW_PV)[:, None] / f_s.index(1).load(ROW_PV)[:, None]
+        _store_rows(O, o, split, b, kvh, row0, T, G, CHUNK, stride_os, stride_ob, stride_ot, stride_oh, PV_LAYOUT)
 
     # Sizes are runtime values, never specialised: one compile per feature set, not per problem.
     @gluon.jit(do_not_specialize=("stride_ls", "stride_lb", "stride_lh", "T", "S", "HQ", "G", "WINDOW",

@@ -55,6 +55,7 @@ SECOND_HALF_REGS, GATHER_REGS = tl.constexpr(192), tl.constexpr(112)
 
 
 if dense.IMPORT_ERROR is None:
+    QK_LAYOUT, PV_LAYOUT, ROW_QK, ROW_PV = dense.QK_LAYOUT, dense.PV_LAYOUT, dense.ROW_QK, dense.ROW_PV
 
     @gluon.jit
     def _put(k_s, stage, group: gl.constexpr, x):
@@ -168,18 +169,11 @@ if dense.IMPORT_ERROR is None:
     def _softmax_partition(q_s, k_s, bias_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
                            SINK, O, LSE, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
                            b, t, kvh, row0, G, qk_scale, n_tiles, HAS_SINK: gl.constexpr):
-        qk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_N, 16])
-        pv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, CHUNK, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=pv_layout, k_width=2)
-        row_qk: gl.constexpr = gl.SliceLayout(1, qk_layout)
-        row_pv: gl.constexpr = gl.SliceLayout(1, pv_layout)
-        rows = row0 + gl.arange(0, ROWS, layout=row_qk)
-        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, qk_layout)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_qk)
-        l_i = gl.zeros([ROWS], gl.float32, row_qk)
-        acc = gl.zeros([ROWS, CHUNK], gl.float32, pv_layout)
+        rows = row0 + gl.arange(0, ROWS, layout=ROW_QK)
+        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, QK_LAYOUT)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, ROW_QK)
+        l_i = gl.zeros([ROWS], gl.float32, ROW_QK)
+        acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
         for i in range(n_tiles):
             ks = i % STAGES
             mbarrier.wait(kready.index(ks), (i // STAGES) & 1)
@@ -187,10 +181,10 @@ if dense.IMPORT_ERROR is None:
             s = warpgroup_mma(q_s.index(1), k_s.index(2 * ks + 1).permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             # 0 for a key, -inf for a slot that is none (its tile row is zeros)
-            s = s * qk_scale + bias_s.index(ks).load(gl.SliceLayout(0, qk_layout))[None, :]
+            s = s * qk_scale + bias_s.index(ks).load(gl.SliceLayout(0, QK_LAYOUT))[None, :]
             p_hi, p_lo, alpha, m_i, l_i = dense._online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
-            acc = acc * gl.convert_layout(alpha, row_pv)[:, None]
-            acc = dense._pv_half(acc, p_hi, p_lo, k_s.index(2 * ks), p_layout)
+            acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
+            acc = dense._pv_half(acc, p_hi, p_lo, k_s.index(2 * ks))
             mbarrier.arrive(kfree.index(ks), count=1)
 
         sink = m_i
@@ -198,9 +192,9 @@ if dense.IMPORT_ERROR is None:
             sink = gl.load(SINK + kvh * G + rows, mask=rows < G, other=0.0).to(gl.float32) * 1.4426950408889634
         scale_old, denominator, lse = dense._finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK)
         gl.store(LSE + b * stride_lb + (kvh * G + rows) * stride_lh + t * stride_lt, lse, mask=rows < G)
-        o = acc * gl.convert_layout(scale_old, row_pv)[:, None] / gl.convert_layout(denominator, row_pv)[:, None]
+        o = acc * gl.convert_layout(scale_old, ROW_PV)[:, None] / gl.convert_layout(denominator, ROW_PV)[:, None]
         # One query row: fmha.gluon_attention's row store with T = 1 and the row's offset as its split.
-        dense._store_rows(O, o, t, b, kvh, row0, 1, G, 0, stride_ot, stride_ob, 0, stride_oh, pv_layout)
+        dense._store_rows(O, o, t, b, kvh, row0, 1, G, 0, stride_ot, stride_ob, 0, stride_oh, PV_LAYOUT)
 
     # Lengths, top-k, block sizes and the LSE's and indices' strides are runtime values: a compile
     # per cache layout pair and sink flag, not per problem. The q, o and cache strides stay

@@ -27,7 +27,7 @@ MUTANTS = (
         "gluon-multi-tile-rescale", "multi-tile-rescale",
         "warpgroup 1 never rescales its half of the accumulator when the running max grows",
         lambda: patched_gluon_kernel("gluon-multi-tile-rescale", (
-            "acc = acc * a_s.index(slot).load(row_pv)[:, None]\n", "\n"))),
+            "acc = acc * a_s.index(slot).load(ROW_PV)[:, None]\n", "\n"))),
     Mutant(
         "gluon-partial-head-dim", "partial-head-dim",
         "QK^T from the first 256 head-dim columns only",
@@ -48,9 +48,9 @@ MUTANTS = (
         "gluon-normalize-twice", "normalize-twice",
         "warpgroup 1 divides its half by the softmax sum twice",
         lambda: patched_gluon_kernel("gluon-normalize-twice", (
-            "o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]\n",
-            "o = acc * f_s.index(0).load(row_pv)[:, None] / f_s.index(1).load(row_pv)[:, None]\n"
-            "        o = o / f_s.index(1).load(row_pv)[:, None]\n"))),
+            "o = acc * f_s.index(0).load(ROW_PV)[:, None] / f_s.index(1).load(ROW_PV)[:, None]\n",
+            "o = acc * f_s.index(0).load(ROW_PV)[:, None] / f_s.index(1).load(ROW_PV)[:, None]\n"
+            "        o = o / f_s.index(1).load(ROW_PV)[:, None]\n"))),
 )
 
 # The sparse-decode kernel's: each is caught by its contract-v2 trap's cases (hd512, K = V,
