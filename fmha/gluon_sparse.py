@@ -4,19 +4,23 @@ two caches (bf16, or the dsv4-fp8 / dsv4-fp4 bytes), K = V of head dim 512, a si
 The shape of fmha.gluon_attention (FlashMLA's too), with a gather in place of TMA:
 - a CTA owns 64 query heads of one (request, query row, KV head): DSV4's heads all read the
   row's indices, so a key tile serves 64 rows and QK^T is computed once per row;
-- a gathering warpgroup reads each tile's 64 slots (-1 and slots past `topk_len` are no key;
-  the next tile's slots are in flight meanwhile), loads their bytes with 16-byte vector loads,
-  dequantizes them (e4m3 by the hardware conversion, e2m1 from its bits, times the tile's
-  power-of-two scale: exact in bf16) and stores the bf16 tile into shared memory, two stages
-  deep, with a row of 0 / -inf per key. An FP8 tile's bytes are all loaded before the
-  gatherer waits for a free stage, so their latency overlaps the consumers' work (on an H200,
-  2026-12-02: 55.7 -> 49.4 us on DSV4's B64 T1 top-k 128+512; the consumers alone take 37.1);
-  FP4 and bf16 tiles load a 64-column group at a time after the wait. A key that is not read
-  is zeros, so no byte of it (NaN poison included) reaches a sum;
-- warpgroup 0 computes QK^T, adds the key row, runs the online softmax and hands P (bf16
-  hi + lo) to warpgroup 1; both do P.V, each for half of Dv (fmha.gluon_attention's second
-  partition, unchanged); the second scope's tiles follow the first's in the same softmax, and
-  the sink joins its denominator once, at the end.
+- a gathering warpgroup reads each 32-key tile's slots (-1 and slots past `topk_len` are no
+  key; the next tile's slots are in flight meanwhile), loads their bytes with 16-byte vector
+  loads (an FP8 tile's all before it waits for a free stage), dequantizes them (e4m3 by the
+  hardware conversion, e2m1 from its bits, times the power-of-two scale: exact in bf16) and
+  stores the bf16 tile into shared memory, four stages deep, with a row of 0 / -inf per key.
+  A key that is not read is zeros, so no byte of it (NaN poison included) reaches a sum;
+- warpgroup 0 issues QK^T of tile i + 1 before the softmax of tile i (so the tensor cores
+  work during it), adds the key row, runs the online softmax and hands P (bf16 hi + lo) to
+  warpgroup 1; both do P.V, each for half of Dv; the second scope's tiles follow the first's
+  in the same softmax, and the sink joins its denominator once, at the end.
+
+Where the time goes (H200, 2026-12-02, DSV4 B64 T1 top-k 128+512 FP8, about 50 us; the
+consumers alone 37.1): not the loads (with no byte loaded the kernel takes the same time), not
+the e4m3 conversions (decoding e4m3 by integer bit operations instead was slower), nor the
+consumers' schedule (32- or 64-key tiles, 2-4 stages, QK^T ahead or not: within 2%). What is
+left is the gathering warpgroup's dequantize-and-store work beside the consumers'; the next
+thing to measure there is its shared-memory stores (reports/2026-12-02-h200/session12).
 
 Index-sparse rows are one CTA each, never split: a row padded with -1 then gives the same bits
 (the -1 law), and DSV4 decode already has B x T x Hq / 64 CTAs. Gluon has no interpreter: the
@@ -45,17 +49,26 @@ if dense.IMPORT_ERROR is None:
         warpgroup_mma_wait,
     )
 
-ROWS, CHUNK, BLOCK_N = dense.ROWS, dense.CHUNK, dense.BLOCK_N
+ROWS, CHUNK = dense.ROWS, dense.CHUNK
 HEAD_DIM = dense.HEAD_DIM
-STAGES = tl.constexpr(2)  # key tiles in shared memory: q 64 KiB, P 32 KiB, a tile 64 KiB
+BLOCK_N = tl.constexpr(32)  # keys per tile: a tile is 32 KiB of bf16, so four fit beside q (64 KiB) and P (16 KiB)
+STAGES = tl.constexpr(4)
 GATHER_WARPS = tl.constexpr(4)
-# Registers per thread: the consumers hold 64 x 256 fp32 accumulators (warpgroup 0 gets what
-# the others leave); the gathering warpgroup an FP8 tile's bytes (72 a thread).
-SECOND_HALF_REGS, GATHER_REGS = tl.constexpr(192), tl.constexpr(112)
+# Registers per thread (12 warps: 168 each at launch; 16 warps leave 128, fewer than a 64 x 256
+# fp32 accumulator's wgmma needs): warpgroup 1 holds one, the gathering warpgroup an FP8 tile's
+# bytes (36 a thread); warpgroup 0 (an accumulator, two QK^T tiles and P) gets the 224 left.
+SECOND_HALF_REGS, GATHER_REGS = tl.constexpr(168), tl.constexpr(112)
 
 
 if dense.IMPORT_ERROR is None:
-    QK_LAYOUT, PV_LAYOUT, ROW_QK, ROW_PV = dense.QK_LAYOUT, dense.PV_LAYOUT, dense.ROW_QK, dense.ROW_PV
+    PV_LAYOUT, ROW_PV = dense.PV_LAYOUT, dense.ROW_PV
+    QK_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N.value, 16]))
+    ROW_QK = gl.constexpr(gl.SliceLayout(1, QK_LAYOUT.value))
+    # The gather's tiles: 16 bytes a thread, four threads a key's 64 columns, 32 keys.
+    GATHER_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [GATHER_WARPS.value, 1], [1, 0]))
+    GATHER_COLS = gl.constexpr(gl.SliceLayout(0, GATHER_LAYOUT.value))
+    GATHER_KEYS = gl.constexpr(gl.SliceLayout(1, GATHER_LAYOUT.value))
 
     @gluon.jit
     def _put(k_s, stage, group: gl.constexpr, x):
@@ -69,7 +82,7 @@ if dense.IMPORT_ERROR is None:
 
     @gluon.jit
     def _claim(kfree, bias_s, i, read):
-        """Wait until the consumers are done with tile i's stage, then write its key row:
+        """Wait until the P.V warpgroups are done with tile i's stage, then write its key row:
         0 for a key, -inf for a slot that is none."""
         stage = i % STAGES
         mbarrier.wait(kfree.index(stage), ((i // STAGES) & 1) ^ 1)
@@ -77,82 +90,106 @@ if dense.IMPORT_ERROR is None:
         return stage
 
     @gluon.jit
+    def _slots(IDX, keys, n_keys):
+        """The scope's slots at `keys` (-1 past its n_keys)."""
+        return gl.load(IDX + keys, mask=keys < n_keys, other=-1)
+
+    @gluon.jit
+    def _locate(slot, keys, n_keys, block_size):
+        """(the keys that are read: in the scope and not -1, their pages, their offsets in them)."""
+        read = (keys < n_keys) & (slot >= 0)
+        slot = gl.where(read, slot, 0)
+        return read, (slot // block_size).to(gl.int64), slot % block_size
+
+    @gluon.jit
+    def _fp8_group(K, page, offset, read, block_size, stride_kb, group: gl.constexpr):
+        """Group `group` (64 e4m3 dims) of the keys' dsv4-fp8 tokens: (codes, scale codes).
+        A token is 7 groups of e4m3 then 64 bf16 rope dims (576 data bytes); the page's scales
+        (8 bytes a token) follow its tokens."""
+        page_base = K + page * stride_kb
+        cols = gl.arange(0, 64, layout=GATHER_COLS)
+        codes = gl.load((page_base + offset * 576 + group * 64)[:, None] + cols[None, :], mask=read[:, None], other=0)
+        scale = gl.load(page_base + block_size * 576 + offset * 8 + group, mask=read, other=127)
+        return codes, scale
+
+    @gluon.jit
+    def _fp8_rope(K, page, offset, read, stride_kb):
+        cols = gl.arange(0, 64, layout=GATHER_COLS)
+        rope = (K + page * stride_kb + offset * 576 + 448).to(gl.pointer_type(gl.bfloat16))
+        return gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0)
+
+    @gluon.jit
+    def _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile):
+        """dsv4-fp8 keys. A tile's bytes are all loaded before the gatherer waits for its stage,
+        so their latency overlaps the consumers' work; seven named loads, since a loop's body
+        could not keep its results for after the wait."""
+        keys = gl.arange(0, BLOCK_N, layout=GATHER_KEYS)
+        slot = _slots(IDX, keys, n_keys)
+        for tile in range(gl.cdiv(n_keys, BLOCK_N)):
+            read, page, offset = _locate(slot, keys, n_keys, block_size)
+            # The next tile's slots, in flight while this one is gathered.
+            keys = keys + BLOCK_N
+            slot = _slots(IDX, keys, n_keys)
+            q0, s0 = _fp8_group(K, page, offset, read, block_size, stride_kb, 0)
+            q1, s1 = _fp8_group(K, page, offset, read, block_size, stride_kb, 1)
+            q2, s2 = _fp8_group(K, page, offset, read, block_size, stride_kb, 2)
+            q3, s3 = _fp8_group(K, page, offset, read, block_size, stride_kb, 3)
+            q4, s4 = _fp8_group(K, page, offset, read, block_size, stride_kb, 4)
+            q5, s5 = _fp8_group(K, page, offset, read, block_size, stride_kb, 5)
+            q6, s6 = _fp8_group(K, page, offset, read, block_size, stride_kb, 6)
+            rope = _fp8_rope(K, page, offset, read, stride_kb)
+            stage = _claim(kfree, bias_s, first_tile + tile, read)
+            _put(k_s, stage, 0, _e4m3_tile(q0, s0))
+            _put(k_s, stage, 1, _e4m3_tile(q1, s1))
+            _put(k_s, stage, 2, _e4m3_tile(q2, s2))
+            _put(k_s, stage, 3, _e4m3_tile(q3, s3))
+            _put(k_s, stage, 4, _e4m3_tile(q4, s4))
+            _put(k_s, stage, 5, _e4m3_tile(q5, s5))
+            _put(k_s, stage, 6, _e4m3_tile(q6, s6))
+            _put(k_s, stage, 7, rope)
+            fence_async_shared()
+            mbarrier.arrive(kready.index(stage), count=1)
+
+    @gluon.jit
     def _gather_scope(K, IDX, n_keys, block_size, stride_kb, stride_ks, stride_kh, kvh, k_s, bias_s, kready, kfree,
                       first_tile, LAYOUT: gl.constexpr):
         """The scope's keys (slots IDX[0:n_keys]) into the ring as bf16 tiles, from ring tile
         `first_tile` on."""
-        # 16 bytes a thread, four threads a key's 64 columns.
-        layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [GATHER_WARPS, 1], [1, 0])
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
-        keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-        slot = gl.load(IDX + keys, mask=keys < n_keys, other=-1)
-        for tile in range(gl.cdiv(n_keys, BLOCK_N)):
-            i = first_tile + tile
-            read = (keys < n_keys) & (slot >= 0)
-            slot = gl.where(read, slot, 0)
-            page = (slot // block_size).to(gl.int64)
-            offset = slot % block_size
-            # The next tile's slots, in flight while this one is gathered.
-            keys = keys + BLOCK_N
-            slot = gl.load(IDX + keys, mask=keys < n_keys, other=-1)
-            if LAYOUT == 1:
-                # dsv4-fp8: e4m3 in 7 tiles of 64, then 64 bf16 rope dims (576 data bytes a token),
-                # the page's scales (8 bytes a token) after its tokens. The whole tile's bytes
-                # are loaded before the wait, so their latency overlaps the consumers' work:
-                # seven named loads, since a loop's body could not keep its results for after.
-                page_base = K + page * stride_kb
-                token = page_base + offset * 576
-                scales = page_base + block_size * 576 + offset * 8
-                rows = read[:, None]
-                q0 = gl.load(token[:, None] + cols[None, :], mask=rows, other=0)
-                q1 = gl.load(token[:, None] + (64 + cols)[None, :], mask=rows, other=0)
-                q2 = gl.load(token[:, None] + (128 + cols)[None, :], mask=rows, other=0)
-                q3 = gl.load(token[:, None] + (192 + cols)[None, :], mask=rows, other=0)
-                q4 = gl.load(token[:, None] + (256 + cols)[None, :], mask=rows, other=0)
-                q5 = gl.load(token[:, None] + (320 + cols)[None, :], mask=rows, other=0)
-                q6 = gl.load(token[:, None] + (384 + cols)[None, :], mask=rows, other=0)
-                rope = gl.load((token + 448).to(gl.pointer_type(gl.bfloat16))[:, None] + cols[None, :], mask=rows,
-                               other=0.0)
-                s0 = gl.load(scales, mask=read, other=127)
-                s1 = gl.load(scales + 1, mask=read, other=127)
-                s2 = gl.load(scales + 2, mask=read, other=127)
-                s3 = gl.load(scales + 3, mask=read, other=127)
-                s4 = gl.load(scales + 4, mask=read, other=127)
-                s5 = gl.load(scales + 5, mask=read, other=127)
-                s6 = gl.load(scales + 6, mask=read, other=127)
+        if LAYOUT == 1:
+            _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile)
+        else:
+            cols = gl.arange(0, 64, layout=GATHER_COLS)
+            keys = gl.arange(0, BLOCK_N, layout=GATHER_KEYS)
+            slot = _slots(IDX, keys, n_keys)
+            for tile in range(gl.cdiv(n_keys, BLOCK_N)):
+                i = first_tile + tile
+                read, page, offset = _locate(slot, keys, n_keys, block_size)
+                # The next tile's slots, in flight while this one is gathered.
+                keys = keys + BLOCK_N
+                slot = _slots(IDX, keys, n_keys)
                 stage = _claim(kfree, bias_s, i, read)
-                _put(k_s, stage, 0, _e4m3_tile(q0, s0))
-                _put(k_s, stage, 1, _e4m3_tile(q1, s1))
-                _put(k_s, stage, 2, _e4m3_tile(q2, s2))
-                _put(k_s, stage, 3, _e4m3_tile(q3, s3))
-                _put(k_s, stage, 4, _e4m3_tile(q4, s4))
-                _put(k_s, stage, 5, _e4m3_tile(q5, s5))
-                _put(k_s, stage, 6, _e4m3_tile(q6, s6))
-                _put(k_s, stage, 7, rope)
-            elif LAYOUT == 2:
-                # dsv4-fp4: e2m1 two a byte (low nibble first) in 14 tiles of 32, then the rope
-                # dims (352 data bytes a token); 16 scale bytes a token.
-                stage = _claim(kfree, bias_s, i, read)
-                page_base = K + page * stride_kb
-                token = page_base + offset * 352
-                scales = page_base + block_size * 352 + offset * 16
-                for group in gl.static_range(7):
-                    byte = gl.load(token[:, None] + ((group * 64 + cols) // 2)[None, :], mask=read[:, None],
-                                   other=0).to(gl.int32)
-                    value = _decode_e2m1(gl.where((cols % 2 == 0)[None, :], byte & 15, byte >> 4))
-                    low = _decode_ue8m0(gl.load(scales + 2 * group, mask=read, other=127).to(gl.int32))
-                    high = _decode_ue8m0(gl.load(scales + 2 * group + 1, mask=read, other=127).to(gl.int32))
-                    _put(k_s, stage, group, value * gl.where((cols < 32)[None, :], low[:, None], high[:, None]))
-                rope = (token + 224).to(gl.pointer_type(gl.bfloat16))
-                _put(k_s, stage, 7, gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0))
-            else:  # K's dtype (bf16), any strides
-                stage = _claim(kfree, bias_s, i, read)
-                base = K + page * stride_kb + offset * stride_ks + kvh * stride_kh
-                for group in gl.static_range(8):
-                    _put(k_s, stage, group, gl.load(base[:, None] + (group * 64 + cols)[None, :],
-                                                    mask=read[:, None], other=0.0))
-            fence_async_shared()
-            mbarrier.arrive(kready.index(stage), count=1)
+                if LAYOUT == 2:
+                    # dsv4-fp4: e2m1 two a byte (low nibble first) in 14 tiles of 32, then the rope
+                    # dims (352 data bytes a token); 16 scale bytes a token.
+                    page_base = K + page * stride_kb
+                    token = page_base + offset * 352
+                    scales = page_base + block_size * 352 + offset * 16
+                    for group in gl.static_range(7):
+                        byte = gl.load(token[:, None] + ((group * 64 + cols) // 2)[None, :], mask=read[:, None],
+                                       other=0).to(gl.int32)
+                        value = _decode_e2m1(gl.where((cols % 2 == 0)[None, :], byte & 15, byte >> 4))
+                        low = _decode_ue8m0(gl.load(scales + 2 * group, mask=read, other=127).to(gl.int32))
+                        high = _decode_ue8m0(gl.load(scales + 2 * group + 1, mask=read, other=127).to(gl.int32))
+                        _put(k_s, stage, group, value * gl.where((cols < 32)[None, :], low[:, None], high[:, None]))
+                    rope = (token + 224).to(gl.pointer_type(gl.bfloat16))
+                    _put(k_s, stage, 7, gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0))
+                else:  # K's dtype (bf16), any strides
+                    base = K + page * stride_kb + offset * stride_ks + kvh * stride_kh
+                    for group in gl.static_range(8):
+                        _put(k_s, stage, group, gl.load(base[:, None] + (group * 64 + cols)[None, :],
+                                                        mask=read[:, None], other=0.0))
+                fence_async_shared()
+                mbarrier.arrive(kready.index(stage), count=1)
 
     @gluon.jit
     def _gather_partition(K1, K2, IDX1, IDX2, n_keys1, n_keys2, block_size1, block_size2,
@@ -166,25 +203,40 @@ if dense.IMPORT_ERROR is None:
                           kready, kfree, gl.cdiv(n_keys1, BLOCK_N), LAYOUT2)
 
     @gluon.jit
+    def _qk(q_s, k_s, stage, zero_s):
+        """Issue QK^T of the stage's key tile (two 256-column chunks into one accumulator)."""
+        s = warpgroup_mma(q_s.index(0), k_s.index(2 * stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        return warpgroup_mma(q_s.index(1), k_s.index(2 * stage + 1).permute((1, 0)), s, is_async=True)
+
+    @gluon.jit
     def _softmax_partition(q_s, k_s, bias_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
                            SINK, O, LSE, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
                            b, t, kvh, row0, G, qk_scale, n_tiles, HAS_SINK: gl.constexpr):
+        """QK^T, the key rows, the online softmax (P and the rescale to warpgroup 1) and P.V for
+        Dv[0:256]. Tile i + 1's QK^T runs on the tensor cores during tile i's softmax; the last
+        tile's is issued twice, as the loop has no next tile to issue."""
         rows = row0 + gl.arange(0, ROWS, layout=ROW_QK)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, QK_LAYOUT)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, ROW_QK)
         l_i = gl.zeros([ROWS], gl.float32, ROW_QK)
         acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
+        s = zero_s
+        if n_tiles > 0:  # a row may have no key (topk_len 0): then no tile ever comes
+            mbarrier.wait(kready.index(0), 0)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_qk(q_s, k_s, 0, zero_s),))
         for i in range(n_tiles):
             ks = i % STAGES
-            mbarrier.wait(kready.index(ks), (i // STAGES) & 1)
-            s = warpgroup_mma(q_s.index(0), k_s.index(2 * ks).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            s = warpgroup_mma(q_s.index(1), k_s.index(2 * ks + 1).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            following = gl.minimum(i + 1, n_tiles - 1)
+            mbarrier.wait(kready.index(following % STAGES), (following // STAGES) & 1)
+            s_next = _qk(q_s, k_s, following % STAGES, zero_s)
             # 0 for a key, -inf for a slot that is none (its tile row is zeros)
             s = s * qk_scale + bias_s.index(ks).load(gl.SliceLayout(0, QK_LAYOUT))[None, :]
             p_hi, p_lo, alpha, m_i, l_i = dense._online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
             acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
-            acc = dense._pv_half(acc, p_hi, p_lo, k_s.index(2 * ks))
+            v = k_s.index(2 * ks)
+            acc = warpgroup_mma(gl.convert_layout(p_hi, dense.P_LAYOUT), v, acc, is_async=True)
+            acc = warpgroup_mma(gl.convert_layout(p_lo, dense.P_LAYOUT), v, acc, is_async=True)
+            acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_next))
             mbarrier.arrive(kfree.index(ks), count=1)
 
         sink = m_i
@@ -195,6 +247,28 @@ if dense.IMPORT_ERROR is None:
         o = acc * gl.convert_layout(scale_old, ROW_PV)[:, None] / gl.convert_layout(denominator, ROW_PV)[:, None]
         # One query row: fmha.gluon_attention's row store with T = 1 and the row's offset as its split.
         dense._store_rows(O, o, t, b, kvh, row0, 1, G, 0, stride_ot, stride_ob, 0, stride_oh, PV_LAYOUT)
+
+    @gluon.jit
+    def _second_half_partition(k_s, p_s, a_s, f_s, kfree, pfull, pfree, done, O, stride_ob, stride_ot, stride_oh,
+                               b, t, kvh, row0, G, n_tiles):
+        """Warpgroup 1: P.V for Dv[256:512] (K is V: the key tile's second chunk), then the
+        rows' normalisation and store."""
+        acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
+        for i in range(n_tiles):
+            ks = i % STAGES
+            slot = i % 2
+            mbarrier.wait(pfull.index(slot), (i // 2) & 1)
+            acc = acc * a_s.index(slot).load(ROW_PV)[:, None]
+            v = k_s.index(2 * ks + 1)
+            acc = warpgroup_mma(p_s.index(2 * slot), v, acc, is_async=True)
+            acc = warpgroup_mma(p_s.index(2 * slot + 1), v, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(pfree.index(slot), count=1)
+            mbarrier.arrive(kfree.index(ks), count=1)
+        mbarrier.wait(done, 0)
+        o = acc * f_s.index(0).load(ROW_PV)[:, None] / f_s.index(1).load(ROW_PV)[:, None]
+        # One query row: fmha.gluon_attention's row store with T = 1 and the row's offset as its split.
+        dense._store_rows(O, o, t, b, kvh, row0, 1, G, CHUNK, stride_ot, stride_ob, 0, stride_oh, PV_LAYOUT)
 
     # Lengths, top-k, block sizes and the LSE's and indices' strides are runtime values: a compile
     # per cache layout pair and sink flag, not per problem. The q, o and cache strides stay
@@ -260,10 +334,8 @@ if dense.IMPORT_ERROR is None:
             (_softmax_partition, (q_s, k_s, bias_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
                                   SINK, O, LSE, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
                                   b, t, kvh, row0, G, qk_scale, n_tiles, HAS_SINK)),
-            # One query row: the second partition's row store with T = 1 and the row's offset as its split.
-            (dense._second_half_partition, (k_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
-                                            O, stride_ot, stride_ob, 0, stride_oh, t, b, kvh, row0, 1, G,
-                                            n_tiles, STAGES)),
+            (_second_half_partition, (k_s, p_s, a_s, f_s, kfree, pfull, pfree, done, O, stride_ob, stride_ot,
+                                      stride_oh, b, t, kvh, row0, G, n_tiles)),
             (_gather_partition, (K1, K2, IDX1, IDX2, n_keys1, n_keys2, block_size1, block_size2,
                                  stride_k1b, stride_k1s, stride_k1h, stride_k2b, stride_k2s, stride_k2h,
                                  kvh, k_s, bias_s, kready, kfree, LAYOUT1, LAYOUT2, TWO_SCOPES)),

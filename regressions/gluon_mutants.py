@@ -60,8 +60,8 @@ SPARSE_MUTANTS = (
         "gluon-sparse-minus-one-is-slot-0", "minus-one-is-slot-0",
         "the gather clamps a slot of -1 to 0 and reads it as a key",
         lambda: patched_gluon_sparse_kernel("gluon-sparse-minus-one-is-slot-0", (
-            "            read = (keys < n_keys) & (slot >= 0)\n            slot = gl.where(read, slot, 0)\n",
-            "            read = keys < n_keys\n            slot = gl.maximum(slot, 0)\n"))),
+            "        read = (keys < n_keys) & (slot >= 0)\n        slot = gl.where(read, slot, 0)\n",
+            "        read = keys < n_keys\n        slot = gl.maximum(slot, 0)\n"))),
     Mutant(
         "gluon-sparse-topk-len-ignored", "topk-len-ignored",
         "the first scope runs to top-k whatever the request's topk_len",
@@ -71,5 +71,7 @@ SPARSE_MUTANTS = (
         "gluon-sparse-fp8-scale-wrong-tile", "fp8-scale-wrong-tile",
         "the first 64 FP8 dims take the second tile's scale",
         lambda: patched_gluon_sparse_kernel("gluon-sparse-fp8-scale-wrong-tile", (
-            "s0 = gl.load(scales, mask=read, other=127)", "s0 = gl.load(scales + 1, mask=read, other=127)"))),
+            "q0, s0 = _fp8_group(K, page, offset, read, block_size, stride_kb, 0)",
+            "q0, _ = _fp8_group(K, page, offset, read, block_size, stride_kb, 0)\n"
+            "            _, s0 = _fp8_group(K, page, offset, read, block_size, stride_kb, 1)"))),
 )

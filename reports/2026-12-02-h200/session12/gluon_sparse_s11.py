@@ -1,0 +1,336 @@
+"""DeepSeek-V4's sparse decode on Hopper in Gluon: each query row's keys by index over one or
+two caches (bf16, or the dsv4-fp8 / dsv4-fp4 bytes), K = V of head dim 512, a sink, in bf16.
+
+The shape of fmha.gluon_attention (FlashMLA's too), with a gather in place of TMA:
+- a CTA owns 64 query heads of one (request, query row, KV head): DSV4's heads all read the
+  row's indices, so a key tile serves 64 rows and QK^T is computed once per row;
+- a gathering warpgroup reads each tile's 64 slots (-1 and slots past `topk_len` are no key;
+  the next tile's slots are in flight meanwhile), loads their bytes with 16-byte vector loads,
+  dequantizes them (e4m3 by the hardware conversion, e2m1 from its bits, times the tile's
+  power-of-two scale: exact in bf16) and stores the bf16 tile into shared memory, two stages
+  deep, with a row of 0 / -inf per key. An FP8 tile's bytes are all loaded before the
+  gatherer waits for a free stage, so their latency overlaps the consumers' work (on an H200,
+  2026-12-02: 55.7 -> 49.4 us on DSV4's B64 T1 top-k 128+512; the consumers alone take 37.1);
+  FP4 and bf16 tiles load a 64-column group at a time after the wait. A key that is not read
+  is zeros, so no byte of it (NaN poison included) reaches a sum;
+- warpgroup 0 computes QK^T, adds the key row, runs the online softmax and hands P (bf16
+  hi + lo) to warpgroup 1; both do P.V, each for half of Dv (fmha.gluon_attention's second
+  partition, unchanged); the second scope's tiles follow the first's in the same softmax, and
+  the sink joins its denominator once, at the end.
+
+Index-sparse rows are one CTA each, never split: a row padded with -1 then gives the same bits
+(the -1 law), and DSV4 decode already has B x T x Hq / 64 CTAs. Gluon has no interpreter: the
+CPU tier runs fmha.triton_sources; `fmha.compile_check --sources` compiles this for sm_90.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fmha import gluon_attention as dense
+from fmha.capabilities import Capabilities
+from fmha.host import LOG2E
+from fmha.problem import CACHE_LAYOUTS
+from fmha.triton_sources import LAYOUT_CODES, _decode_e2m1, _decode_ue8m0
+
+if dense.IMPORT_ERROR is None:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+ROWS, CHUNK, BLOCK_N = dense.ROWS, dense.CHUNK, dense.BLOCK_N
+HEAD_DIM = dense.HEAD_DIM
+STAGES = tl.constexpr(2)  # key tiles in shared memory: q 64 KiB, P 32 KiB, a tile 64 KiB
+GATHER_WARPS = tl.constexpr(4)
+# Registers per thread: the consumers hold 64 x 256 fp32 accumulators (warpgroup 0 gets what
+# the others leave); the gathering warpgroup an FP8 tile's bytes (72 a thread).
+SECOND_HALF_REGS, GATHER_REGS = tl.constexpr(192), tl.constexpr(112)
+
+
+if dense.IMPORT_ERROR is None:
+    QK_LAYOUT, PV_LAYOUT, ROW_QK, ROW_PV = dense.QK_LAYOUT, dense.PV_LAYOUT, dense.ROW_QK, dense.ROW_PV
+
+    @gluon.jit
+    def _put(k_s, stage, group: gl.constexpr, x):
+        """Columns [64 group, 64 group + 64) of the stage's key tile (two 256-column chunks)."""
+        k_s.index(2 * stage + group // 4).slice((group % 4) * 64, 64, dim=1).store(x.to(gl.bfloat16))
+
+    @gluon.jit
+    def _e4m3_tile(codes, scale_codes):
+        """fp32 values of e4m3 codes (uint8 [keys, 64]) times their keys' ue8m0 scales."""
+        return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _decode_ue8m0(scale_codes.to(gl.int32))[:, None]
+
+    @gluon.jit
+    def _claim(kfree, bias_s, i, read):
+        """Wait until the consumers are done with tile i's stage, then write its key row:
+        0 for a key, -inf for a slot that is none."""
+        stage = i % STAGES
+        mbarrier.wait(kfree.index(stage), ((i // STAGES) & 1) ^ 1)
+        bias_s.index(stage).store(gl.where(read, 0.0, float("-inf")))
+        return stage
+
+    @gluon.jit
+    def _gather_scope(K, IDX, n_keys, block_size, stride_kb, stride_ks, stride_kh, kvh, k_s, bias_s, kready, kfree,
+                      first_tile, LAYOUT: gl.constexpr):
+        """The scope's keys (slots IDX[0:n_keys]) into the ring as bf16 tiles, from ring tile
+        `first_tile` on."""
+        # 16 bytes a thread, four threads a key's 64 columns.
+        layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [GATHER_WARPS, 1], [1, 0])
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+        keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        slot = gl.load(IDX + keys, mask=keys < n_keys, other=-1)
+        for tile in range(gl.cdiv(n_keys, BLOCK_N)):
+            i = first_tile + tile
+            read = (keys < n_keys) & (slot >= 0)
+            slot = gl.where(read, slot, 0)
+            page = (slot // block_size).to(gl.int64)
+            offset = slot % block_size
+            # The next tile's slots, in flight while this one is gathered.
+            keys = keys + BLOCK_N
+            slot = gl.load(IDX + keys, mask=keys < n_keys, other=-1)
+            if LAYOUT == 1:
+                # dsv4-fp8: e4m3 in 7 tiles of 64, then 64 bf16 rope dims (576 data bytes a token),
+                # the page's scales (8 bytes a token) after its tokens. The whole tile's bytes
+                # are loaded before the wait, so their latency overlaps the consumers' work:
+                # seven named loads, since a loop's body could not keep its results for after.
+                page_base = K + page * stride_kb
+                token = page_base + offset * 576
+                scales = page_base + block_size * 576 + offset * 8
+                rows = read[:, None]
+                q0 = gl.load(token[:, None] + cols[None, :], mask=rows, other=0)
+                q1 = gl.load(token[:, None] + (64 + cols)[None, :], mask=rows, other=0)
+                q2 = gl.load(token[:, None] + (128 + cols)[None, :], mask=rows, other=0)
+                q3 = gl.load(token[:, None] + (192 + cols)[None, :], mask=rows, other=0)
+                q4 = gl.load(token[:, None] + (256 + cols)[None, :], mask=rows, other=0)
+                q5 = gl.load(token[:, None] + (320 + cols)[None, :], mask=rows, other=0)
+                q6 = gl.load(token[:, None] + (384 + cols)[None, :], mask=rows, other=0)
+                rope = gl.load((token + 448).to(gl.pointer_type(gl.bfloat16))[:, None] + cols[None, :], mask=rows,
+                               other=0.0)
+                s0 = gl.load(scales, mask=read, other=127)
+                s1 = gl.load(scales + 1, mask=read, other=127)
+                s2 = gl.load(scales + 2, mask=read, other=127)
+                s3 = gl.load(scales + 3, mask=read, other=127)
+                s4 = gl.load(scales + 4, mask=read, other=127)
+                s5 = gl.load(scales + 5, mask=read, other=127)
+                s6 = gl.load(scales + 6, mask=read, other=127)
+                stage = _claim(kfree, bias_s, i, read)
+                _put(k_s, stage, 0, _e4m3_tile(q0, s0))
+                _put(k_s, stage, 1, _e4m3_tile(q1, s1))
+                _put(k_s, stage, 2, _e4m3_tile(q2, s2))
+                _put(k_s, stage, 3, _e4m3_tile(q3, s3))
+                _put(k_s, stage, 4, _e4m3_tile(q4, s4))
+                _put(k_s, stage, 5, _e4m3_tile(q5, s5))
+                _put(k_s, stage, 6, _e4m3_tile(q6, s6))
+                _put(k_s, stage, 7, rope)
+            elif LAYOUT == 2:
+                # dsv4-fp4: e2m1 two a byte (low nibble first) in 14 tiles of 32, then the rope
+                # dims (352 data bytes a token); 16 scale bytes a token.
+                stage = _claim(kfree, bias_s, i, read)
+                page_base = K + page * stride_kb
+                token = page_base + offset * 352
+                scales = page_base + block_size * 352 + offset * 16
+                for group in gl.static_range(7):
+                    byte = gl.load(token[:, None] + ((group * 64 + cols) // 2)[None, :], mask=read[:, None],
+                                   other=0).to(gl.int32)
+                    value = _decode_e2m1(gl.where((cols % 2 == 0)[None, :], byte & 15, byte >> 4))
+                    low = _decode_ue8m0(gl.load(scales + 2 * group, mask=read, other=127).to(gl.int32))
+                    high = _decode_ue8m0(gl.load(scales + 2 * group + 1, mask=read, other=127).to(gl.int32))
+                    _put(k_s, stage, group, value * gl.where((cols < 32)[None, :], low[:, None], high[:, None]))
+                rope = (token + 224).to(gl.pointer_type(gl.bfloat16))
+                _put(k_s, stage, 7, gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0))
+            else:  # K's dtype (bf16), any strides
+                stage = _claim(kfree, bias_s, i, read)
+                base = K + page * stride_kb + offset * stride_ks + kvh * stride_kh
+                for group in gl.static_range(8):
+                    _put(k_s, stage, group, gl.load(base[:, None] + (group * 64 + cols)[None, :],
+                                                    mask=read[:, None], other=0.0))
+            fence_async_shared()
+            mbarrier.arrive(kready.index(stage), count=1)
+
+    @gluon.jit
+    def _gather_partition(K1, K2, IDX1, IDX2, n_keys1, n_keys2, block_size1, block_size2,
+                          stride_k1b, stride_k1s, stride_k1h, stride_k2b, stride_k2s, stride_k2h,
+                          kvh, k_s, bias_s, kready, kfree,
+                          LAYOUT1: gl.constexpr, LAYOUT2: gl.constexpr, TWO_SCOPES: gl.constexpr):
+        _gather_scope(K1, IDX1, n_keys1, block_size1, stride_k1b, stride_k1s, stride_k1h, kvh, k_s, bias_s,
+                      kready, kfree, 0, LAYOUT1)
+        if TWO_SCOPES:
+            _gather_scope(K2, IDX2, n_keys2, block_size2, stride_k2b, stride_k2s, stride_k2h, kvh, k_s, bias_s,
+                          kready, kfree, gl.cdiv(n_keys1, BLOCK_N), LAYOUT2)
+
+    @gluon.jit
+    def _softmax_partition(q_s, k_s, bias_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
+                           SINK, O, LSE, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+                           b, t, kvh, row0, G, qk_scale, n_tiles, HAS_SINK: gl.constexpr):
+        rows = row0 + gl.arange(0, ROWS, layout=ROW_QK)
+        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, QK_LAYOUT)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, ROW_QK)
+        l_i = gl.zeros([ROWS], gl.float32, ROW_QK)
+        acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
+        for i in range(n_tiles):
+            ks = i % STAGES
+            mbarrier.wait(kready.index(ks), (i // STAGES) & 1)
+            s = warpgroup_mma(q_s.index(0), k_s.index(2 * ks).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_s.index(1), k_s.index(2 * ks + 1).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            # 0 for a key, -inf for a slot that is none (its tile row is zeros)
+            s = s * qk_scale + bias_s.index(ks).load(gl.SliceLayout(0, QK_LAYOUT))[None, :]
+            p_hi, p_lo, alpha, m_i, l_i = dense._online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
+            acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
+            acc = dense._pv_half(acc, p_hi, p_lo, k_s.index(2 * ks))
+            mbarrier.arrive(kfree.index(ks), count=1)
+
+        sink = m_i
+        if HAS_SINK:  # once, over both scopes
+            sink = gl.load(SINK + kvh * G + rows, mask=rows < G, other=0.0).to(gl.float32) * 1.4426950408889634
+        scale_old, denominator, lse = dense._finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK)
+        gl.store(LSE + b * stride_lb + (kvh * G + rows) * stride_lh + t * stride_lt, lse, mask=rows < G)
+        o = acc * gl.convert_layout(scale_old, ROW_PV)[:, None] / gl.convert_layout(denominator, ROW_PV)[:, None]
+        # One query row: fmha.gluon_attention's row store with T = 1 and the row's offset as its split.
+        dense._store_rows(O, o, t, b, kvh, row0, 1, G, 0, stride_ot, stride_ob, 0, stride_oh, PV_LAYOUT)
+
+    # Lengths, top-k, block sizes and the LSE's and indices' strides are runtime values: a compile
+    # per cache layout pair and sink flag, not per problem. The q, o and cache strides stay
+    # specialized (as fmha.gluon_attention's): Triton vectorizes loads it knows are 16-byte
+    # aligned, and gathered the bytes one at a time otherwise.
+    RUNTIME_ARGS = ("stride_lb", "stride_lh", "stride_lt", "stride_i1b", "stride_i1t", "stride_i2b", "stride_i2t",
+                    "T", "HQ", "G", "block_size1", "block_size2", "topk1", "topk2", "has_topk_len1", "has_topk_len2")
+
+    @gluon.jit(do_not_specialize=RUNTIME_ARGS)
+    def _sparse_fwd(
+        Q, K1, K2, IDX1, IDX2, TOPK_LEN1, TOPK_LEN2, SINK, O, LSE,
+        stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+        stride_k1b, stride_k1s, stride_k1h, stride_k2b, stride_k2s, stride_k2h,
+        stride_i1b, stride_i1t, stride_i2b, stride_i2t,
+        T, HQ, G, qk_scale, block_size1, block_size2, topk1, topk2, has_topk_len1, has_topk_len2,
+        LAYOUT1: gl.constexpr, LAYOUT2: gl.constexpr, TWO_SCOPES: gl.constexpr, HAS_SINK: gl.constexpr,
+    ):
+        row0 = gl.program_id(0) * ROWS
+        HKV = HQ // G
+        kvh = gl.program_id(1) % HKV
+        b = gl.program_id(1) // HKV // T
+        t = gl.program_id(1) // HKV % T
+        IDX1 += b * stride_i1b + t * stride_i1t  # the row's slots
+        IDX2 += b * stride_i2b + t * stride_i2t
+        n_keys1 = topk1
+        if has_topk_len1:
+            n_keys1 = gl.load(TOPK_LEN1 + b)
+        n_tiles = gl.cdiv(n_keys1, BLOCK_N)
+        n_keys2 = 0
+        if TWO_SCOPES:
+            n_keys2 = topk2
+            if has_topk_len2:
+                n_keys2 = gl.load(TOPK_LEN2 + b)
+            n_tiles += gl.cdiv(n_keys2, BLOCK_N)
+
+        # q (the row's heads, any strides) into shared memory once, in two head-dim chunks.
+        q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, CHUNK], gl.bfloat16)
+        q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, CHUNK], tile_layout)
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_layout))
+        q_rows = Q + b * stride_qb + t * stride_qt + (kvh * G + rows)[:, None] * stride_qh
+        for c in gl.static_range(2):
+            cols = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_layout))
+            q_s.index(c).store(gl.load(q_rows + cols[None, :], mask=(rows < G)[:, None], other=0.0))
+        fence_async_shared()
+
+        key_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], gl.bfloat16)
+        k_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BLOCK_N, CHUNK], key_layout)
+        vec_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        bias_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_layout)
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [4, ROWS, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], gl.bfloat16))
+        a_s = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_layout)
+        f_s = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_layout)
+        kready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(kready.index(s), count=1)
+            mbarrier.init(kfree.index(s), count=2)  # K is V: both warpgroups free a tile after P.V
+        pfull, pfree, done = dense._handoff_barriers()
+
+        gl.warp_specialize([
+            (_softmax_partition, (q_s, k_s, bias_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
+                                  SINK, O, LSE, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+                                  b, t, kvh, row0, G, qk_scale, n_tiles, HAS_SINK)),
+            # One query row: the second partition's row store with T = 1 and the row's offset as its split.
+            (dense._second_half_partition, (k_s, p_s, a_s, f_s, kready, kfree, pfull, pfree, done,
+                                            O, stride_ot, stride_ob, 0, stride_oh, t, b, kvh, row0, 1, G,
+                                            n_tiles, STAGES)),
+            (_gather_partition, (K1, K2, IDX1, IDX2, n_keys1, n_keys2, block_size1, block_size2,
+                                 stride_k1b, stride_k1s, stride_k1h, stride_k2b, stride_k2s, stride_k2h,
+                                 kvh, k_s, bias_s, kready, kfree, LAYOUT1, LAYOUT2, TWO_SCOPES)),
+        ], [4, GATHER_WARPS], [SECOND_HALF_REGS, GATHER_REGS])
+
+
+CAPABILITIES = Capabilities(
+    head_dims=(HEAD_DIM,),
+    dtypes=(torch.bfloat16,),
+    devices=("cuda",),
+    features=frozenset({"sink", "lse", "gqa", "shared_kv", "out"}),
+    requires=frozenset({"shared_kv"}),
+    split_head_dim_v=False,
+    sources=frozenset({"sparse", "two_scopes"}),
+    cache_layouts=frozenset(CACHE_LAYOUTS),
+    promises=frozenset({"bitwise_deterministic", "batch_invariant"}),
+    notes={"head_dim": "DSV4's head dim; fmha.attention runs fmha.triton_sources for the others",
+           "dtype": "bf16 only (P as bf16 hi + lo)",
+           "device": "a Hopper GPU: wgmma and warp specialization, no interpreter",
+           "requires": "K = V (DSV4's one cache)",
+           "dense": "index-sparse calls only; dense ones run fmha.gluon_attention or fmha.triton_attention",
+           "paged": "paged calls run fmha.triton_sources"},
+)
+
+
+availability = dense.availability
+
+
+def not_supported_reasons(problem, device, needs=()) -> list[str]:
+    """Why this kernel would not run `problem` on `device` (empty: it would)."""
+    unavailable = availability(device)
+    if unavailable:
+        return [unavailable]
+    return CAPABILITIES.not_supported_reasons(problem, torch.device(device).type, needs)
+
+
+def specialization(problem) -> dict:
+    """The kernel's compile-time arguments (also for fmha.compile_check)."""
+    return dict(LAYOUT1=LAYOUT_CODES[problem.cache_layout], LAYOUT2=LAYOUT_CODES[problem.extra_cache_layout],
+                TWO_SCOPES=problem.extra_topk is not None, HAS_SINK=problem.sink)
+
+
+def attention(problem, q, k, v, *, scale=None, sink=None, out=None, indices, topk_len=None, extra_k_cache=None,
+              extra_indices=None, extra_topk_len=None, block_table=None, kv_lens=None, cu_seqlens_q=None):
+    """`problem` (a checked index-sparse call, K = V: `not_supported_reasons` is empty; the
+    paged arguments are None) in one launch: (o (B, T, Hq, 512) in q's dtype, lse (B, Hq, T)
+    float32)."""
+    B, T, HQ, _ = q.shape
+    G = problem.group
+    o = torch.empty(B, T, HQ, problem.head_dim_v, dtype=q.dtype, device=q.device) if out is None else out
+    lse = torch.empty(B, HQ, T, dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse.fill_(float("-inf"))
+    two = extra_k_cache is not None
+    k2, idx2 = (extra_k_cache, extra_indices) if two else (k, indices)
+    dummy = indices  # for a length the call does not give: never read
+    grid = (triton.cdiv(G, ROWS.value), B * T * problem.heads_kv)
+    _sparse_fwd[grid](
+        q, k, k2, indices, idx2, dummy if topk_len is None else topk_len,
+        dummy if extra_topk_len is None else extra_topk_len, q if sink is None else sink, o, lse,
+        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        k.stride(0), k.stride(1), k.stride(2), k2.stride(0), k2.stride(1), k2.stride(2),
+        indices.stride(0), indices.stride(1), idx2.stride(0), idx2.stride(1),
+        T, HQ, G, (problem.head_dim**-0.5 if scale is None else float(scale)) * LOG2E,
+        problem.block_size, problem.extra_block_size or 1, problem.kv_len, problem.extra_topk or 0,
+        int(topk_len is not None), int(extra_topk_len is not None),
+        num_warps=4, **specialization(problem),
+    )
+    return o, lse
