@@ -1,10 +1,13 @@
-"""Session 12, call 2: variants of fmha.gluon_sparse as it was then (gluon_sparse_call2.py beside this
-file: 32-key tiles, 4 stages, QK^T one tile ahead, e4m3 decoded by integer bit operations) on the DSV4
-sparse-decode bench shapes, each against the first (session 11's kernel, gluon_sparse_s11.py): median
+"""Session 12, call 2: variants of fmha.gluon_sparse as it was then (commit cba5ad5's
+reports/2026-12-02-h200/session12/gluon_sparse_call2.py: 32-key tiles, 4 stages, QK^T one tile ahead, e4m3 decoded by integer bit operations) on the DSV4
+sparse-decode bench shapes, each against the first (session 11's kernel): median
 of CUDA-graph replays, and the largest |o - first| (tile sizes change the online softmax's rescale
 order, so bits may differ slightly). Variants are patched sources, as regressions' mutants are.
-Call 1 ran an earlier version of this script (its variants: LOOKAHEAD on or off, 3 stages)."""
+Call 1 ran an earlier version of this script (its variants: LOOKAHEAD on or off, 3 stages).
+Both kernels are read from git, so run this in a clone (on the device machine of call 2 the two
+files lay beside this script)."""
 import os
+import subprocess
 import sys
 
 import torch
@@ -15,7 +18,14 @@ from fmha.contract import check_attention_args
 from fmha.regressions.mutation import _import_patched, patch_source
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-product = open(os.path.join(HERE, "gluon_sparse_call2.py")).read()
+
+
+def at(commit: str, path: str) -> str:
+    return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=HERE, capture_output=True, text=True,
+                          check=True).stdout
+
+
+product = at("cba5ad5", "reports/2026-12-02-h200/session12/gluon_sparse_call2.py")
 N32 = "BLOCK_N = tl.constexpr(32)"
 S4 = "STAGES = tl.constexpr(4)"
 AHEAD = "LOOKAHEAD = tl.constexpr(True)"
@@ -32,7 +42,7 @@ NO_LOADS = (  # timing only: the codes made up from the offsets, no byte read
     ("return gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0)",
      "return (offset[:, None] + cols[None, :]).to(gl.bfloat16)"))
 VARIANTS = {
-    "session 11 (64-key tiles, 2 stages)": open(os.path.join(HERE, "gluon_sparse_s11.py")).read(),
+    "session 11 (64-key tiles, 2 stages)": at("5b0f6f8", "fmha/gluon_sparse.py"),
     "product (32-key tiles, 4 stages, QK^T ahead, e4m3 by bits)": product,
     "product, e4m3 by hardware conversions": patch_source(product, HARDWARE, "v", "v"),
     "product, 64-key tiles, 2 stages": patch_source(product, (
