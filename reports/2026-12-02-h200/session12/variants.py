@@ -1,11 +1,11 @@
-"""Session 12, call 2: variants of fmha.gluon_sparse as it was then (commit cba5ad5's
-reports/2026-12-02-h200/session12/gluon_sparse_call2.py: 32-key tiles, 4 stages, QK^T one tile ahead, e4m3 decoded by integer bit operations) on the DSV4
-sparse-decode bench shapes, each against the first (session 11's kernel): median
-of CUDA-graph replays, and the largest |o - first| (tile sizes change the online softmax's rescale
-order, so bits may differ slightly). Variants are patched sources, as regressions' mutants are.
-Call 1 ran an earlier version of this script (its variants: LOOKAHEAD on or off, 3 stages).
-Both kernels are read from git, so run this in a clone (on the device machine of call 2 the two
-files lay beside this script)."""
+"""Session 12, call 2: variants of fmha.gluon_sparse as it was then (at commit cba5ad5,
+reports/2026-12-02-h200/session12/gluon_sparse_call2.py: 32-key tiles, 4 stages, QK^T one tile
+ahead, e4m3 decoded by integer bit operations) on the DSV4 sparse-decode bench shapes, each
+against the first (session 11's kernel): median of CUDA-graph replays, and the largest
+|o - first| (tile sizes change the online softmax's rescale order, so bits may differ slightly).
+Variants are patched sources, as regressions' mutants are. Call 1 ran an earlier version of this
+script (its variants: LOOKAHEAD on or off, 3 stages). Both kernels are read from git, so run this
+in a clone (on the device machine of call 2 the two files lay beside this script)."""
 import os
 import subprocess
 import sys
