@@ -82,7 +82,7 @@ if dense.IMPORT_ERROR is None:
 
     @gluon.jit
     def _claim(kfree, bias_s, i, read):
-        """Wait until the P.V warpgroups are done with tile i's stage, then write its key row:
+        """Wait until both consumer warpgroups are done with tile i's stage, then write its key row:
         0 for a key, -inf for a slot that is none."""
         stage = i % STAGES
         mbarrier.wait(kfree.index(stage), ((i // STAGES) & 1) ^ 1)
@@ -114,6 +114,7 @@ if dense.IMPORT_ERROR is None:
 
     @gluon.jit
     def _fp8_rope(K, page, offset, read, stride_kb):
+        """The keys' 64 bf16 rope dims (bytes 448-575 of a dsv4-fp8 token)."""
         cols = gl.arange(0, 64, layout=GATHER_COLS)
         rope = (K + page * stride_kb + offset * 576 + 448).to(gl.pointer_type(gl.bfloat16))
         return gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0)
