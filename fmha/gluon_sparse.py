@@ -15,12 +15,14 @@ The shape of fmha.gluon_attention (FlashMLA's too), with a gather in place of TM
   warpgroup 1; both do P.V, each for half of Dv; the second scope's tiles follow the first's
   in the same softmax, and the sink joins its denominator once, at the end.
 
-Where the time goes (H200, 2026-12-02, DSV4 B64 T1 top-k 128+512 FP8, about 50 us; the
-consumers alone 37.1): not the loads (with no byte loaded the kernel takes the same time), not
-the e4m3 conversions (decoding e4m3 by integer bit operations instead was slower), nor the
-consumers' schedule (32- or 64-key tiles, 2-4 stages, QK^T ahead or not: within 2%). What is
-left is the gathering warpgroup's dequantize-and-store work beside the consumers'; the next
-thing to measure there is its shared-memory stores (reports/2026-12-02-h200/session12).
+Where the time goes (H200, 2026-12-02, DSV4 B64 T1 top-k 128+512 FP8, 50 us; session 13's
+variants, reports/2026-12-02-h200/session13): the gathering warpgroup is the bottleneck (in an
+ncu profile warpgroup 0 waits on every tile, the gatherer never waits for a free stage); alone
+(consumers taking each tile at once) it takes 37.7 us, and just copying the gathered bytes takes
+26-29 us, however many tiles are in flight (staged through cp.async one tile ahead the kernel
+was as fast here and at most 2% faster on the other shapes; three ahead, slower). The consumers
+alone take 41.4 us. The next thing to try
+is reading the keys once per row: the two CTAs of an Hq 128 row each read all of them.
 
 Index-sparse rows are one CTA each, never split: a row padded with -1 then gives the same bits
 (the -1 law), and DSV4 decode already has B x T x Hq / 64 CTAs. Gluon has no interpreter: the
@@ -48,22 +50,16 @@ if dense.IMPORT_ERROR is None:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 ROWS, CHUNK = dense.ROWS, dense.CHUNK
 HEAD_DIM = dense.HEAD_DIM
-BLOCK_N = tl.constexpr(32)  # keys per tile: a tile is 32 KiB of bf16
-# Two ring stages of bf16 tiles and four staging buffers of FP8 tiles (20.3 KiB each) fit beside
-# q (64 KiB) and P (16 KiB) in the 227 KiB a CTA may have. _gather_fp8 keeps SLOTS - 1 = 3 tiles
-# in flight.
-STAGES = tl.constexpr(2)
-SLOTS = tl.constexpr(4)
+BLOCK_N = tl.constexpr(32)  # keys per tile: a tile is 32 KiB of bf16, so four fit beside q (64 KiB) and P (16 KiB)
+STAGES = tl.constexpr(4)
 GATHER_WARPS = tl.constexpr(4)
 # Registers per thread (12 warps: 168 each at launch; 16 warps leave 128, fewer than a 64 x 256
-# fp32 accumulator's wgmma needs): warpgroup 1 holds one; the gathering warpgroup holds one 64-dim
-# group of a tile at a time (its bytes are staged in shared memory); warpgroup 0 (an accumulator,
-# two QK^T tiles and P) gets the 256 left.
-SECOND_HALF_REGS, GATHER_REGS = tl.constexpr(168), tl.constexpr(80)
+# fp32 accumulator's wgmma needs): warpgroup 1 holds one, the gathering warpgroup an FP8 tile's
+# bytes (36 a thread); warpgroup 0 (an accumulator, two QK^T tiles and P) gets the 224 left.
+SECOND_HALF_REGS, GATHER_REGS = tl.constexpr(168), tl.constexpr(112)
 
 
 if dense.IMPORT_ERROR is None:
@@ -75,9 +71,6 @@ if dense.IMPORT_ERROR is None:
     GATHER_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [GATHER_WARPS.value, 1], [1, 0]))
     GATHER_COLS = gl.constexpr(gl.SliceLayout(0, GATHER_LAYOUT.value))
     GATHER_KEYS = gl.constexpr(gl.SliceLayout(1, GATHER_LAYOUT.value))
-    # The FP8 staging copy: the GATHER_LAYOUT of each of a token's eight 64-byte groups.
-    STAGING_LAYOUT = gl.constexpr(gl.BlockedLayout([8, 1, 16], [1, 8, 4], [1, GATHER_WARPS.value, 1], [2, 1, 0]))
-    PLAIN_3D = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0]))
 
     @gluon.jit
     def _put(k_s, stage, group: gl.constexpr, x):
@@ -111,80 +104,62 @@ if dense.IMPORT_ERROR is None:
         return read, (slot // block_size).to(gl.int64), slot % block_size
 
     @gluon.jit
-    def _stage_fp8(K, slot, keys, n_keys, block_size, stride_kb, codes_s, rope_s, scale_s, staged, buf):
-        """Start copying the keys' dsv4-fp8 tokens into staging buffer `buf` (cp.async: no
-        register holds them while they fly); `staged[buf]` completes once every thread's copies
-        have landed. A token is 7 groups of 64 e4m3 codes, then 64 bf16 rope dims (576 data
-        bytes); the page's scales (8 bytes a token, one ue8m0 a group) follow its tokens. A key
-        that is not read lands as zeros."""
-        read, page, offset = _locate(slot, keys, n_keys, block_size)
+    def _fp8_group(K, page, offset, read, block_size, stride_kb, group: gl.constexpr):
+        """Group `group` (64 e4m3 dims) of the keys' dsv4-fp8 tokens: (codes, scale codes).
+        A token is 7 groups of e4m3 then 64 bf16 rope dims (576 data bytes); the page's scales
+        (8 bytes a token) follow its tokens."""
         page_base = K + page * stride_kb
-        token = page_base + offset * 576
-        # All seven groups in one copy (an eighth slot, never read, pads the buffer to a power of
-        # two): one copy a buffer, so no barrier between copies into the same buffer.
-        groups = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, STAGING_LAYOUT)))[:, None, None]
-        keys3 = gl.convert_layout(token, gl.SliceLayout(0, gl.SliceLayout(2, STAGING_LAYOUT)))[None, :, None]
-        cols3 = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, STAGING_LAYOUT)))[None, None, :]
-        read3 = gl.convert_layout(read, gl.SliceLayout(0, gl.SliceLayout(2, STAGING_LAYOUT)))[None, :, None]
-        async_copy.async_copy_global_to_shared(codes_s._reinterpret(gl.uint8, [SLOTS, 8, BLOCK_N, 64], PLAIN_3D).index(buf), keys3 + groups * 64 + cols3,
-                                               mask=read3 & (groups < 7))
         cols = gl.arange(0, 64, layout=GATHER_COLS)
-        rope = (token + 448).to(gl.pointer_type(gl.bfloat16))
-        async_copy.async_copy_global_to_shared(rope_s.index(buf), rope[:, None] + cols[None, :], mask=read[:, None])
-        scales = (page_base + block_size * 576 + offset * 8).to(gl.pointer_type(gl.int64))
-        async_copy.async_copy_global_to_shared(scale_s.index(buf), scales, mask=read)
-        async_copy.mbarrier_arrive(staged.index(buf), increment_count=False)
+        codes = gl.load((page_base + offset * 576 + group * 64)[:, None] + cols[None, :], mask=read[:, None], other=0)
+        scale = gl.load(page_base + block_size * 576 + offset * 8 + group, mask=read, other=127)
+        return codes, scale
 
     @gluon.jit
-    def _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile,
-                    codes_s, rope_s, scale_s, staged, first_staged):
-        """dsv4-fp8 keys. Tiles i + 1 to i + 3 are in flight into staging (SLOTS = 4) while tile i
-        is dequantized from it into its ring stage: a tile's gathered bytes take about 2 us to
-        land (session 13, H200: with one tile in flight the gather waited that long per tile and
-        bounded the kernel). The slots of the four tiles from i on ride in registers. `first_staged`
-        counts the staged tiles before this scope's (the barriers' phases)."""
+    def _fp8_rope(K, page, offset, read, stride_kb):
+        """The keys' 64 bf16 rope dims (bytes 448-575 of a dsv4-fp8 token)."""
+        cols = gl.arange(0, 64, layout=GATHER_COLS)
+        rope = (K + page * stride_kb + offset * 576 + 448).to(gl.pointer_type(gl.bfloat16))
+        return gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0)
+
+    @gluon.jit
+    def _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile):
+        """dsv4-fp8 keys. A tile's bytes are all loaded before the gatherer waits for its stage,
+        so their latency overlaps the consumers' work; seven named loads, since a loop's body
+        could not keep its results for after the wait."""
         keys = gl.arange(0, BLOCK_N, layout=GATHER_KEYS)
-        n_tiles = gl.cdiv(n_keys, BLOCK_N)
-        s0 = _slots(IDX, keys, n_keys)
-        s1 = _slots(IDX, keys + BLOCK_N, n_keys)
-        s2 = _slots(IDX, keys + 2 * BLOCK_N, n_keys)
-        s3 = _slots(IDX, keys + 3 * BLOCK_N, n_keys)
-        if n_tiles > 0:
-            _stage_fp8(K, s0, keys, n_keys, block_size, stride_kb, codes_s, rope_s, scale_s, staged, first_staged % SLOTS)
-        if n_tiles > 1:
-            _stage_fp8(K, s1, keys + BLOCK_N, n_keys, block_size, stride_kb, codes_s, rope_s, scale_s, staged,
-                       (first_staged + 1) % SLOTS)
-        if n_tiles > 2:
-            _stage_fp8(K, s2, keys + 2 * BLOCK_N, n_keys, block_size, stride_kb, codes_s, rope_s, scale_s, staged,
-                       (first_staged + 2) % SLOTS)
-        for tile in range(n_tiles):
-            if tile + 3 < n_tiles:
-                _stage_fp8(K, s3, keys + 3 * BLOCK_N, n_keys, block_size, stride_kb, codes_s, rope_s, scale_s,
-                           staged, (first_staged + tile + 3) % SLOTS)
-            read, _, _ = _locate(s0, keys, n_keys, block_size)
-            s0, s1, s2 = s1, s2, s3
-            s3 = _slots(IDX, keys + 4 * BLOCK_N, n_keys)
+        slot = _slots(IDX, keys, n_keys)
+        for tile in range(gl.cdiv(n_keys, BLOCK_N)):
+            read, page, offset = _locate(slot, keys, n_keys, block_size)
+            # The next tile's slots, in flight while this one is gathered.
             keys = keys + BLOCK_N
-            j = first_staged + tile
-            buf = j % SLOTS
-            mbarrier.wait(staged.index(buf), (j // SLOTS) & 1)
-            scales = scale_s.index(buf).load(GATHER_KEYS)
+            slot = _slots(IDX, keys, n_keys)
+            q0, s0 = _fp8_group(K, page, offset, read, block_size, stride_kb, 0)
+            q1, s1 = _fp8_group(K, page, offset, read, block_size, stride_kb, 1)
+            q2, s2 = _fp8_group(K, page, offset, read, block_size, stride_kb, 2)
+            q3, s3 = _fp8_group(K, page, offset, read, block_size, stride_kb, 3)
+            q4, s4 = _fp8_group(K, page, offset, read, block_size, stride_kb, 4)
+            q5, s5 = _fp8_group(K, page, offset, read, block_size, stride_kb, 5)
+            q6, s6 = _fp8_group(K, page, offset, read, block_size, stride_kb, 6)
+            rope = _fp8_rope(K, page, offset, read, stride_kb)
             stage = _claim(kfree, bias_s, first_tile + tile, read)
-            for group in gl.static_range(7):
-                codes = codes_s.index(buf * 8 + group).load(GATHER_LAYOUT)
-                _put(k_s, stage, group, _e4m3_tile(codes, (scales >> (8 * group)) & 255))
-            _put(k_s, stage, 7, rope_s.index(buf).load(GATHER_LAYOUT))
+            _put(k_s, stage, 0, _e4m3_tile(q0, s0))
+            _put(k_s, stage, 1, _e4m3_tile(q1, s1))
+            _put(k_s, stage, 2, _e4m3_tile(q2, s2))
+            _put(k_s, stage, 3, _e4m3_tile(q3, s3))
+            _put(k_s, stage, 4, _e4m3_tile(q4, s4))
+            _put(k_s, stage, 5, _e4m3_tile(q5, s5))
+            _put(k_s, stage, 6, _e4m3_tile(q6, s6))
+            _put(k_s, stage, 7, rope)
             fence_async_shared()
             mbarrier.arrive(kready.index(stage), count=1)
 
     @gluon.jit
     def _gather_scope(K, IDX, n_keys, block_size, stride_kb, stride_ks, stride_kh, kvh, k_s, bias_s, kready, kfree,
-                      first_tile, codes_s, rope_s, scale_s, staged, first_staged, LAYOUT: gl.constexpr):
+                      first_tile, LAYOUT: gl.constexpr):
         """The scope's keys (slots IDX[0:n_keys]) into the ring as bf16 tiles, from ring tile
         `first_tile` on."""
         if LAYOUT == 1:
-            _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile,
-                        codes_s, rope_s, scale_s, staged, first_staged)
+            _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile)
         else:
             cols = gl.arange(0, 64, layout=GATHER_COLS)
             keys = gl.arange(0, BLOCK_N, layout=GATHER_KEYS)
@@ -222,15 +197,13 @@ if dense.IMPORT_ERROR is None:
     @gluon.jit
     def _gather_partition(K1, K2, IDX1, IDX2, n_keys1, n_keys2, block_size1, block_size2,
                           stride_k1b, stride_k1s, stride_k1h, stride_k2b, stride_k2s, stride_k2h,
-                          kvh, k_s, bias_s, kready, kfree, codes_s, rope_s, scale_s, staged,
+                          kvh, k_s, bias_s, kready, kfree,
                           LAYOUT1: gl.constexpr, LAYOUT2: gl.constexpr, TWO_SCOPES: gl.constexpr):
         _gather_scope(K1, IDX1, n_keys1, block_size1, stride_k1b, stride_k1s, stride_k1h, kvh, k_s, bias_s,
-                      kready, kfree, 0, codes_s, rope_s, scale_s, staged, 0, LAYOUT1)
+                      kready, kfree, 0, LAYOUT1)
         if TWO_SCOPES:
-            tiles1 = gl.cdiv(n_keys1, BLOCK_N)
             _gather_scope(K2, IDX2, n_keys2, block_size2, stride_k2b, stride_k2s, stride_k2h, kvh, k_s, bias_s,
-                          kready, kfree, tiles1, codes_s, rope_s, scale_s, staged, tiles1 if LAYOUT1 == 1 else 0,
-                          LAYOUT2)
+                          kready, kfree, gl.cdiv(n_keys1, BLOCK_N), LAYOUT2)
 
     @gluon.jit
     def _qk(q_s, k_s, stage, zero_s):
@@ -358,14 +331,6 @@ if dense.IMPORT_ERROR is None:
         for s in gl.static_range(STAGES):
             mbarrier.init(kready.index(s), count=1)
             mbarrier.init(kfree.index(s), count=2)  # K is V: both warpgroups free a tile after P.V
-        # The FP8 gather's staging: e4m3 codes, rope dims, scales of SLOTS tiles.
-        plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        codes_s = gl.allocate_shared_memory(gl.uint8, [SLOTS * 8, BLOCK_N, 64], plain)
-        rope_s = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BLOCK_N, 64], plain)
-        scale_s = gl.allocate_shared_memory(gl.int64, [SLOTS, BLOCK_N], vec_layout)
-        staged = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(SLOTS):
-            mbarrier.init(staged.index(s), count=GATHER_WARPS * 32)  # every gathering thread's copies
         pfull, pfree, done = dense._handoff_barriers()
 
         gl.warp_specialize([
@@ -376,8 +341,7 @@ if dense.IMPORT_ERROR is None:
                                       stride_oh, b, t, kvh, row0, G, n_tiles)),
             (_gather_partition, (K1, K2, IDX1, IDX2, n_keys1, n_keys2, block_size1, block_size2,
                                  stride_k1b, stride_k1s, stride_k1h, stride_k2b, stride_k2s, stride_k2h,
-                                 kvh, k_s, bias_s, kready, kfree, codes_s, rope_s, scale_s, staged,
-                                 LAYOUT1, LAYOUT2, TWO_SCOPES)),
+                                 kvh, k_s, bias_s, kready, kfree, LAYOUT1, LAYOUT2, TWO_SCOPES)),
         ], [4, GATHER_WARPS], [SECOND_HALF_REGS, GATHER_REGS])
 
 
