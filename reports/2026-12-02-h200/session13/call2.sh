@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 13, call 2: the FP8 gather staged through cp.async (the product now), its own tests, the
+# Session 13, call 2: the FP8 gather staged through cp.async one tile ahead (the tree then), its own tests, the
 # variants against session 12's kernel on every bench shape, the nightly gate's hd512 grids.
 cd "$(dirname "$0")/../../.." || exit 1
 export PYTHONUNBUFFERED=1 CI=true
