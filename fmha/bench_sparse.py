@@ -39,16 +39,19 @@ def flops(p: Problem) -> float:
 
 
 def bytes_moved(p: Problem) -> float:
-    """The gathered FP8 keys (their bytes and scales), q and o in bf16, the fp32 LSE."""
-    token = quantization.DSV4_FP8.token_bytes
+    """The gathered keys (their bytes and scales), q and o in bf16, the fp32 LSE."""
     rows = p.batch * p.q_len
-    return rows * keys_per_row(p) * token + rows * p.heads_q * (2 * (p.head_dim + p.head_dim_v) + 4)
+    keys = p.kv_len * _layout(p.cache_layout).token_bytes + p.extra_topk * _layout(p.extra_cache_layout).token_bytes
+    return rows * keys + rows * p.heads_q * (2 * (p.head_dim + p.head_dim_v) + 4)
 
 
-def _scope(g, batch: int, q_len: int, topk: int, cache_tokens: int):
-    """A cache of `cache_tokens` keys per request (FP8 pages and their bf16 values) and each
-    row's `topk` distinct slots in its own request's keys."""
-    spec = quantization.DSV4_FP8
+def _layout(name: str) -> quantization.CacheLayout:
+    return quantization.LAYOUTS[name]
+
+
+def _scope(g, batch: int, q_len: int, topk: int, cache_tokens: int, spec: quantization.CacheLayout):
+    """A cache of `cache_tokens` keys per request (quantized pages and their bf16 values) and
+    each row's `topk` distinct slots in its own request's keys."""
     tokens = batch * cache_tokens
     values = torch.randn(tokens // BLOCK_SIZE, BLOCK_SIZE, 1, spec.head_dim, generator=g, device="cuda")
     pages = quantization.quantize(values.to(torch.bfloat16), spec)
@@ -61,8 +64,9 @@ def _scope(g, batch: int, q_len: int, topk: int, cache_tokens: int):
 
 def inputs(p: Problem) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
-    k_cache, window_keys, indices = _scope(g, p.batch, p.q_len, p.kv_len, p.kv_len)
-    extra_cache, extra_keys, extra_indices = _scope(g, p.batch, p.q_len, p.extra_topk, 2 * p.extra_topk)
+    k_cache, window_keys, indices = _scope(g, p.batch, p.q_len, p.kv_len, p.kv_len, _layout(p.cache_layout))
+    extra_cache, extra_keys, extra_indices = _scope(g, p.batch, p.q_len, p.extra_topk, 2 * p.extra_topk,
+                                                    _layout(p.extra_cache_layout))
     q = torch.randn(p.batch, p.q_len, p.heads_q, p.head_dim, generator=g, device="cuda").to(torch.bfloat16)
     sink = torch.rand(p.heads_q, generator=g, device="cuda") * 5 - 2
     return dict(q=q, sink=sink, k_cache=k_cache, indices=indices, extra_k_cache=extra_cache,
@@ -75,7 +79,7 @@ def _ours(p: Problem, x: dict, implementation=None):
     out = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=torch.bfloat16, device="cuda")
     return lambda: dispatch.attention(x["q"], x["k_cache"], x["k_cache"], indices=x["indices"], sink=x["sink"],
                                       extra_k_cache=x["extra_k_cache"], extra_indices=x["extra_indices"],
-                                      cache_layout="dsv4-fp8", extra_cache_layout="dsv4-fp8", out=out,
+                                      cache_layout=p.cache_layout, extra_cache_layout=p.extra_cache_layout, out=out,
                                       implementation=implementation)
 
 

@@ -5,24 +5,25 @@ The shape of fmha.gluon_attention (FlashMLA's too), with a gather in place of TM
 - a CTA owns 64 query heads of one (request, query row, KV head): DSV4's heads all read the
   row's indices, so a key tile serves 64 rows and QK^T is computed once per row;
 - a gathering warpgroup reads each 32-key tile's slots (-1 and slots past `topk_len` are no
-  key; the next tile's slots are in flight meanwhile), loads their bytes with 16-byte vector
-  loads (an FP8 tile's all before it waits for a free stage), dequantizes them (e4m3 by the
-  hardware conversion, e2m1 from its bits, times the power-of-two scale: exact in bf16) and
-  stores the bf16 tile into shared memory, four stages deep, with a row of 0 / -inf per key.
-  A key that is not read is zeros, so no byte of it (NaN poison included) reaches a sum;
+  key; the next tile's slots are in flight meanwhile), loads a quantized tile's bytes with
+  vector loads before it waits for a free stage, dequantizes them (e4m3 by the hardware
+  conversion, e2m1 placed as an fp16's bits, times the power-of-two scale: exact in bf16) and
+  stores the bf16 tile into shared memory in one store (FP4: two), four stages deep, with a
+  row of 0 / -inf per key. A key that is not read is zeros, so no byte of it (NaN poison
+  included) reaches a sum;
 - warpgroup 0 issues QK^T of tile i + 1 before the softmax of tile i (so the tensor cores
   work during it), adds the key row, runs the online softmax and hands P (bf16 hi + lo) to
   warpgroup 1; both do P.V, each for half of Dv; the second scope's tiles follow the first's
   in the same softmax, and the sink joins its denominator once, at the end.
 
-Where the time goes (H200, 2026-12-02, DSV4 B64 T1 top-k 128+512 FP8, 50 us; session 13's
-variants, reports/2026-12-02-h200/session13): the gathering warpgroup is the bottleneck (in an
-ncu profile warpgroup 0 waits on every tile, the gatherer never waits for a free stage); alone
-(consumers taking each tile at once) it takes 37.7 us, and just copying the gathered bytes takes
-26-29 us, however many tiles are in flight (staged through cp.async one tile ahead the kernel
-was as fast here and at most 2% faster on the other shapes; three ahead, slower). The consumers
-alone take 41.4 us. The next thing to try
-is reading the keys once per row: the two CTAs of an Hq 128 row each read all of them.
+Where the time goes (H200, 2026-12-02, DSV4 B64 T1 top-k 128+512 FP8, 49 us; variants of
+sessions 13 and 14, reports/2026-12-02-h200/session13 and session14): the consumers alone take
+41.3 us and the gatherer alone 36.8; together they slow each other by about 8. The consumers are
+bound by their MMAs at the margin (without P.V's low half, 35.0 us; with QK^T over half the
+dims, 36.9) plus per-tile bubbles; the gatherer by its reads: each key is read by both CTAs of
+an Hq 128 row, and random 576-byte tokens gather at about 2 TB/s at best on an H200. Reading
+them once per row needs a CTA cluster's shared memory or multicast, which Gluon in Triton 3.6
+does not have.
 
 Index-sparse rows are one CTA each, never split: a row padded with -1 then gives the same bits
 (the -1 law), and DSV4 decode already has B x T x Hq / 64 CTAs. Gluon has no interpreter: the
@@ -39,7 +40,7 @@ from fmha import gluon_attention as dense
 from fmha.capabilities import Capabilities
 from fmha.host import LOG2E
 from fmha.problem import CACHE_LAYOUTS
-from fmha.triton_sources import LAYOUT_CODES, _decode_e2m1, _decode_ue8m0
+from fmha.triton_sources import LAYOUT_CODES, _decode_ue8m0
 
 if dense.IMPORT_ERROR is None:
     from triton.experimental import gluon
@@ -71,6 +72,15 @@ if dense.IMPORT_ERROR is None:
     GATHER_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [GATHER_WARPS.value, 1], [1, 0]))
     GATHER_COLS = gl.constexpr(gl.SliceLayout(0, GATHER_LAYOUT.value))
     GATHER_KEYS = gl.constexpr(gl.SliceLayout(1, GATHER_LAYOUT.value))
+    # An FP8 tile as [group, key, column]: a thread holds 16 columns of one key in all 8 groups.
+    FP8_TILE = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 8, 4], [1, GATHER_WARPS.value, 1], [2, 1, 0]))
+    GROUP_KEYS = gl.constexpr(gl.SliceLayout(2, FP8_TILE.value))
+    KEY_COLS = gl.constexpr(gl.SliceLayout(0, FP8_TILE.value))
+    # An FP4 tile's bytes [group, key, byte]: a thread's 8 bytes are the 16 columns it holds in FP8_TILE.
+    FP4_BYTES = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 8, 4], [1, GATHER_WARPS.value, 1], [2, 1, 0]))
+    FP4_KEYS = gl.constexpr(gl.SliceLayout(2, FP4_BYTES.value))
+    # A stage of the ring as the 8 swizzled [keys, 64] blocks its two [keys, 256] chunks are made of.
+    STAGE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(128, 16, rank=3))
 
     @gluon.jit
     def _put(k_s, stage, group: gl.constexpr, x):
@@ -78,9 +88,9 @@ if dense.IMPORT_ERROR is None:
         k_s.index(2 * stage + group // 4).slice((group % 4) * 64, 64, dim=1).store(x.to(gl.bfloat16))
 
     @gluon.jit
-    def _e4m3_tile(codes, scale_codes):
-        """fp32 values of e4m3 codes (uint8 [keys, 64]) times their keys' ue8m0 scales."""
-        return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _decode_ue8m0(scale_codes.to(gl.int32))[:, None]
+    def _e4m3(codes, scale_codes):
+        """fp32 values of e4m3 codes (uint8) times their ue8m0 scales (broadcast to the codes)."""
+        return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _decode_ue8m0(scale_codes.to(gl.int32))
 
     @gluon.jit
     def _claim(kfree, bias_s, i, read):
@@ -104,52 +114,82 @@ if dense.IMPORT_ERROR is None:
         return read, (slot // block_size).to(gl.int64), slot % block_size
 
     @gluon.jit
-    def _fp8_group(K, page, offset, read, block_size, stride_kb, group: gl.constexpr):
-        """Group `group` (64 e4m3 dims) of the keys' dsv4-fp8 tokens: (codes, scale codes).
-        A token is 7 groups of e4m3 then 64 bf16 rope dims (576 data bytes); the page's scales
-        (8 bytes a token) follow its tokens."""
-        page_base = K + page * stride_kb
-        cols = gl.arange(0, 64, layout=GATHER_COLS)
-        codes = gl.load((page_base + offset * 576 + group * 64)[:, None] + cols[None, :], mask=read[:, None], other=0)
-        scale = gl.load(page_base + block_size * 576 + offset * 8 + group, mask=read, other=127)
-        return codes, scale
+    def _fp4_half(page_base, token, offset, read, block_size, half: gl.constexpr):
+        """Groups [4 half, 4 half + 4) of the keys' dsv4-fp4 tokens: (codes [4, keys, 32] bytes,
+        low and high scale codes [4, keys]), in the bytes' layout."""
+        KEYS: gl.constexpr = gl.SliceLayout(0, FP4_KEYS)
+        groups = 4 * half + gl.arange(0, 4, layout=gl.SliceLayout(1, FP4_KEYS))
+        code = gl.convert_layout(read, KEYS)[None, :] & (groups < 7)[:, None]
+        scales = gl.convert_layout(page_base + block_size * 352 + offset * 16, KEYS)[None, :] + 2 * groups[:, None]
+        pairs = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, FP4_BYTES)))
+        at = gl.convert_layout(token, KEYS)[None, :] + 32 * groups[:, None]
+        codes = gl.load(at[:, :, None] + pairs[None, :][None, :, :], mask=code[:, :, None], other=0)
+        return codes, gl.load(scales, mask=code, other=127), gl.load(scales + 1, mask=code, other=127)
 
     @gluon.jit
-    def _fp8_rope(K, page, offset, read, stride_kb):
-        """The keys' 64 bf16 rope dims (bytes 448-575 of a dsv4-fp8 token)."""
-        cols = gl.arange(0, 64, layout=GATHER_COLS)
-        rope = (K + page * stride_kb + offset * 576 + 448).to(gl.pointer_type(gl.bfloat16))
-        return gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0)
+    def _fp4_values(codes, low, high):
+        """bf16 values [4, keys, 64] (FP8_TILE) of _fp4_half's bytes: e2m1 low nibble first,
+        columns 0-31 of a group scaled by its low scale, 32-63 by its high one."""
+        pairs = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, FP4_BYTES)))
+        scale = gl.where((pairs < 16)[None, :][None, :, :], _decode_ue8m0(low.to(gl.int32))[:, :, None],
+                         _decode_ue8m0(high.to(gl.int32))[:, :, None])
+        byte = codes.to(gl.int32)
+        value = gl.join((_e2m1(byte) * scale).to(gl.bfloat16), (_e2m1(byte >> 4) * scale).to(gl.bfloat16))
+        return gl.convert_layout(gl.reshape(value, [4, BLOCK_N, 64]), FP8_TILE)
 
     @gluon.jit
-    def _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile):
-        """dsv4-fp8 keys. A tile's bytes are all loaded before the gatherer waits for its stage,
-        so their latency overlaps the consumers' work; seven named loads, since a loop's body
-        could not keep its results for after the wait."""
-        keys = gl.arange(0, BLOCK_N, layout=GATHER_KEYS)
+    def _e2m1(code):
+        """fp32 values of the e2m1 codes in the low 4 bits of `code` (int32): its sign, exponent
+        and mantissa bits placed as an fp16's are the value times 2^-14 (normal or subnormal)."""
+        half = ((code & 7) << 9) | ((code & 8) << 12)
+        return half.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32) * 16384.0
+
+    @gluon.jit
+    def _gather_quantized(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile,
+                          LAYOUT: gl.constexpr):
+        """dsv4-fp8 (LAYOUT 1) or dsv4-fp4 (2) keys. A token is 7 groups of 64 dims (e4m3, or e2m1
+        two a byte), then 64 bf16 rope dims: 576 or 352 data bytes; the page's scales (8 or 16
+        bytes a token: one a group, or one a half group) follow its tokens. A tile's bytes are
+        all loaded before the gatherer waits for its stage, so their latency overlaps the
+        consumers' work, and the tile is stored as one [group, key, column] tensor (FP4: two
+        halves, for registers): a store per group was a warpgroup barrier each (Triton orders
+        stores into one allocation)."""
+        keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, GROUP_KEYS))
+        groups = gl.arange(0, 8, layout=gl.SliceLayout(1, GROUP_KEYS))
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, KEY_COLS))
+        stages = k_s._reinterpret(gl.bfloat16, [STAGES, 8, BLOCK_N, 64], STAGE_LAYOUT)
+        halves = k_s._reinterpret(gl.bfloat16, [2 * STAGES, 4, BLOCK_N, 64], STAGE_LAYOUT)
+        TOKEN: gl.constexpr = 576 if LAYOUT == 1 else 352
         slot = _slots(IDX, keys, n_keys)
         for tile in range(gl.cdiv(n_keys, BLOCK_N)):
             read, page, offset = _locate(slot, keys, n_keys, block_size)
             # The next tile's slots, in flight while this one is gathered.
             keys = keys + BLOCK_N
             slot = _slots(IDX, keys, n_keys)
-            q0, s0 = _fp8_group(K, page, offset, read, block_size, stride_kb, 0)
-            q1, s1 = _fp8_group(K, page, offset, read, block_size, stride_kb, 1)
-            q2, s2 = _fp8_group(K, page, offset, read, block_size, stride_kb, 2)
-            q3, s3 = _fp8_group(K, page, offset, read, block_size, stride_kb, 3)
-            q4, s4 = _fp8_group(K, page, offset, read, block_size, stride_kb, 4)
-            q5, s5 = _fp8_group(K, page, offset, read, block_size, stride_kb, 5)
-            q6, s6 = _fp8_group(K, page, offset, read, block_size, stride_kb, 6)
-            rope = _fp8_rope(K, page, offset, read, stride_kb)
-            stage = _claim(kfree, bias_s, first_tile + tile, read)
-            _put(k_s, stage, 0, _e4m3_tile(q0, s0))
-            _put(k_s, stage, 1, _e4m3_tile(q1, s1))
-            _put(k_s, stage, 2, _e4m3_tile(q2, s2))
-            _put(k_s, stage, 3, _e4m3_tile(q3, s3))
-            _put(k_s, stage, 4, _e4m3_tile(q4, s4))
-            _put(k_s, stage, 5, _e4m3_tile(q5, s5))
-            _put(k_s, stage, 6, _e4m3_tile(q6, s6))
-            _put(k_s, stage, 7, rope)
+            page_base = K + page * stride_kb
+            token = page_base + offset * TOKEN
+            if LAYOUT == 1:
+                code = read[None, :] & (groups < 7)[:, None]
+                scale = gl.load(page_base[None, :] + block_size * 576 + offset[None, :] * 8 + groups[:, None],
+                                mask=code, other=127)
+                codes = gl.load((token[None, :] + groups[:, None] * 64)[:, :, None] + cols[None, :][None, :, :],
+                                mask=code[:, :, None], other=0)
+            else:
+                codes0, low0, high0 = _fp4_half(page_base, token, offset, read, block_size, 0)
+                codes1, low1, high1 = _fp4_half(page_base, token, offset, read, block_size, 1)
+            rope_read = gl.convert_layout(read, gl.SliceLayout(1, KEY_COLS))
+            rope = gl.convert_layout(token + (TOKEN - 128), gl.SliceLayout(1, KEY_COLS))
+            rope = rope.to(gl.pointer_type(gl.bfloat16))
+            rope = gl.load(rope[:, None] + cols[None, :], mask=rope_read[:, None], other=0.0)
+            stage = _claim(kfree, bias_s, first_tile + tile, gl.convert_layout(read, GATHER_KEYS))
+            if LAYOUT == 1:
+                value = _e4m3(codes, scale[:, :, None]).to(gl.bfloat16)
+                stages.index(stage).store(gl.where((groups == 7)[:, None, None], rope[None, :, :], value))
+            else:
+                halves.index(2 * stage).store(_fp4_values(codes0, low0, high0))
+                last = gl.arange(0, 4, layout=gl.SliceLayout(1, GROUP_KEYS)) == 3
+                halves.index(2 * stage + 1).store(gl.where(last[:, None, None], rope[None, :, :],
+                                                           _fp4_values(codes1, low1, high1)))
             fence_async_shared()
             mbarrier.arrive(kready.index(stage), count=1)
 
@@ -158,39 +198,22 @@ if dense.IMPORT_ERROR is None:
                       first_tile, LAYOUT: gl.constexpr):
         """The scope's keys (slots IDX[0:n_keys]) into the ring as bf16 tiles, from ring tile
         `first_tile` on."""
-        if LAYOUT == 1:
-            _gather_fp8(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile)
-        else:
+        if LAYOUT != 0:
+            _gather_quantized(K, IDX, n_keys, block_size, stride_kb, k_s, bias_s, kready, kfree, first_tile, LAYOUT)
+        else:  # K's dtype (bf16), any strides
             cols = gl.arange(0, 64, layout=GATHER_COLS)
             keys = gl.arange(0, BLOCK_N, layout=GATHER_KEYS)
             slot = _slots(IDX, keys, n_keys)
             for tile in range(gl.cdiv(n_keys, BLOCK_N)):
-                i = first_tile + tile
                 read, page, offset = _locate(slot, keys, n_keys, block_size)
                 # The next tile's slots, in flight while this one is gathered.
                 keys = keys + BLOCK_N
                 slot = _slots(IDX, keys, n_keys)
-                stage = _claim(kfree, bias_s, i, read)
-                if LAYOUT == 2:
-                    # dsv4-fp4: e2m1 two a byte (low nibble first) in 14 tiles of 32, then the rope
-                    # dims (352 data bytes a token); 16 scale bytes a token.
-                    page_base = K + page * stride_kb
-                    token = page_base + offset * 352
-                    scales = page_base + block_size * 352 + offset * 16
-                    for group in gl.static_range(7):
-                        byte = gl.load(token[:, None] + ((group * 64 + cols) // 2)[None, :], mask=read[:, None],
-                                       other=0).to(gl.int32)
-                        value = _decode_e2m1(gl.where((cols % 2 == 0)[None, :], byte & 15, byte >> 4))
-                        low = _decode_ue8m0(gl.load(scales + 2 * group, mask=read, other=127).to(gl.int32))
-                        high = _decode_ue8m0(gl.load(scales + 2 * group + 1, mask=read, other=127).to(gl.int32))
-                        _put(k_s, stage, group, value * gl.where((cols < 32)[None, :], low[:, None], high[:, None]))
-                    rope = (token + 224).to(gl.pointer_type(gl.bfloat16))
-                    _put(k_s, stage, 7, gl.load(rope[:, None] + cols[None, :], mask=read[:, None], other=0.0))
-                else:  # K's dtype (bf16), any strides
-                    base = K + page * stride_kb + offset * stride_ks + kvh * stride_kh
-                    for group in gl.static_range(8):
-                        _put(k_s, stage, group, gl.load(base[:, None] + (group * 64 + cols)[None, :],
-                                                        mask=read[:, None], other=0.0))
+                stage = _claim(kfree, bias_s, first_tile + tile, read)
+                base = K + page * stride_kb + offset * stride_ks + kvh * stride_kh
+                for group in gl.static_range(8):
+                    _put(k_s, stage, group, gl.load(base[:, None] + (group * 64 + cols)[None, :],
+                                                    mask=read[:, None], other=0.0))
                 fence_async_shared()
                 mbarrier.arrive(kready.index(stage), count=1)
 

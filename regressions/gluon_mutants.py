@@ -71,7 +71,5 @@ SPARSE_MUTANTS = (
         "gluon-sparse-fp8-scale-wrong-tile", "fp8-scale-wrong-tile",
         "the first 64 FP8 dims take the second tile's scale",
         lambda: patched_gluon_sparse_kernel("gluon-sparse-fp8-scale-wrong-tile", (
-            "q0, s0 = _fp8_group(K, page, offset, read, block_size, stride_kb, 0)",
-            "q0, _ = _fp8_group(K, page, offset, read, block_size, stride_kb, 0)\n"
-            "            _, s0 = _fp8_group(K, page, offset, read, block_size, stride_kb, 1)"))),
+            "offset[None, :] * 8 + groups[:, None],", "offset[None, :] * 8 + gl.maximum(groups, 1)[:, None],"))),
 )

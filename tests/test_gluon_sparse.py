@@ -1,10 +1,12 @@
-"""fmha.gluon_sparse on a Hopper GPU: its e4m3 dequantization against torch's float8_e4m3fn
-(every code, at scales from 2^-127 to NaN, bit for bit), and rows with no key at all."""
+"""fmha.gluon_sparse on a Hopper GPU: its e4m3 dequantization against torch's float8_e4m3fn and
+its e2m1 one against the oracle's table (every code, at scales from 2^-127 to NaN, bit for bit),
+and rows with no key at all."""
 
 import pytest
 import torch
 
 from fmha import gluon_attention, gluon_sparse
+from fmha.oracles import quantization
 from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
 from fmha.regressions.source_cases import SPARSE
@@ -21,8 +23,23 @@ if gluon_sparse.dense.IMPORT_ERROR is None:
         keys = gl.arange(0, gluon_sparse.BLOCK_N, layout=gluon_sparse.GATHER_KEYS)
         cols = gl.arange(0, 64, layout=gluon_sparse.GATHER_COLS)
         at = keys[:, None] * 64 + cols[None, :]
-        value = gluon_sparse._e4m3_tile(gl.load(CODES + at), gl.load(SCALES + keys))
+        value = gluon_sparse._e4m3(gl.load(CODES + at), gl.load(SCALES + keys)[:, None])
         gl.store(OUT + at, value)
+
+    @gluon.jit
+    def _decode_fp4_tile(CODES, LOW, HIGH, OUT):
+        """Four groups of BLOCK_N keys: bytes [4, keys, 32] and scale codes [4, keys] in, bf16 [4, keys, 64] out."""
+        groups = gl.arange(0, 4, layout=gl.SliceLayout(1, gluon_sparse.FP4_KEYS))
+        keys = gl.arange(0, gluon_sparse.BLOCK_N, layout=gl.SliceLayout(0, gluon_sparse.FP4_KEYS))
+        pairs = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, gluon_sparse.FP4_BYTES)))
+        at = groups[:, None] * gluon_sparse.BLOCK_N + keys[None, :]
+        codes = gl.load(CODES + (at * 32)[:, :, None] + pairs[None, :][None, :, :])
+        value = gluon_sparse._fp4_values(codes, gl.load(LOW + at), gl.load(HIGH + at))
+        groups = gl.arange(0, 4, layout=gl.SliceLayout(1, gluon_sparse.GROUP_KEYS))
+        keys = gl.arange(0, gluon_sparse.BLOCK_N, layout=gl.SliceLayout(0, gluon_sparse.GROUP_KEYS))
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, gluon_sparse.KEY_COLS))
+        at = groups[:, None] * gluon_sparse.BLOCK_N + keys[None, :]
+        gl.store(OUT + (at * 64)[:, :, None] + cols[None, :][None, :, :], value)
 
 
 # 2^-127 (code 0), small, 1, large, 2^127 and NaN (code 255): the products stay exact or overflow.
@@ -36,6 +53,12 @@ def hopper(device):
     return device
 
 
+def _bitwise_mismatch(out: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Indices where two bf16 tensors differ in bits (any NaN equals any NaN)."""
+    same = (out.view(torch.int16) == expected.view(torch.int16)) | (out.isnan() & expected.isnan())
+    return (~same).nonzero()
+
+
 @pytest.mark.parametrize("scale_code", SCALE_CODES)
 def test_e4m3_decoder_matches_torch(scale_code, hopper):
     device = hopper
@@ -46,11 +69,33 @@ def test_e4m3_decoder_matches_torch(scale_code, hopper):
     _decode_tile[(1,)](codes, scales, out, num_warps=gluon_sparse.GATHER_WARPS.value)
     scale = torch.tensor(2.0, dtype=torch.float64).pow(scale_code - 127) if scale_code < 255 else float("nan")
     expected = (codes.view(torch.float8_e4m3fn).double() * scale).to(torch.bfloat16)
-    same = (out.view(torch.int16) == expected.view(torch.int16)) | (out.isnan() & expected.isnan())
-    bad = (~same).nonzero()
+    bad = _bitwise_mismatch(out, expected)
     assert bad.numel() == 0, (
         f"scale code {scale_code}: {len(bad)} of {codes.numel()} codes decode differently, first code "
         f"{codes[tuple(bad[0])].item():#04x}: {out[tuple(bad[0])].item()!r}, torch {expected[tuple(bad[0])].item()!r}")
+
+
+# (low, high) scale codes of a group's two halves: distinct, so that a half taking the other's shows.
+FP4_SCALE_CODES = ((0, 1), (20, 100), (127, 134), (140, 200), (254, 255), (255, 127))
+
+
+@pytest.mark.parametrize("low_high", FP4_SCALE_CODES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_e2m1_decoder_matches_the_oracle(low_high, hopper):
+    device, keys = hopper, gluon_sparse.BLOCK_N.value
+    codes = (torch.arange(4 * keys * 32, device=device) % 256).to(torch.uint8).reshape(4, keys, 32)
+    low, high = (torch.full((4, keys), code, dtype=torch.uint8, device=device) for code in low_high)
+    out = torch.empty(4, keys, 64, dtype=torch.bfloat16, device=device)
+    _decode_fp4_tile[(1,)](codes, low, high, out, num_warps=gluon_sparse.GATHER_WARPS.value)
+    # Column 2j is byte j's low nibble, 2j + 1 its high one; columns 0-31 take the low scale.
+    nibbles = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(4, keys, 64)
+    scale = torch.tensor([quantization.UE8M0.values[code] for code in low_high], dtype=torch.float64, device=device)
+    expected = quantization.decode(nibbles, quantization.E2M1) * scale.repeat_interleave(32)
+    expected = expected.to(torch.bfloat16)
+    bad = _bitwise_mismatch(out, expected)
+    assert bad.numel() == 0, (
+        f"scale codes {low_high}: {len(bad)} of {out.numel()} values decode differently, first at (group, key, "
+        f"column) {tuple(bad[0].tolist())}: {out[tuple(bad[0])].item()!r}, "
+        f"the oracle {expected[tuple(bad[0])].item()!r}")
 
 
 # The softmax warpgroup computes the first tile's QK^T before its loop: a row with no tile must
