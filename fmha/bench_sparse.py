@@ -41,12 +41,9 @@ def flops(p: Problem) -> float:
 def bytes_moved(p: Problem) -> float:
     """The gathered keys (their bytes and scales), q and o in bf16, the fp32 LSE."""
     rows = p.batch * p.q_len
-    keys = p.kv_len * _layout(p.cache_layout).token_bytes + p.extra_topk * _layout(p.extra_cache_layout).token_bytes
+    layouts = quantization.LAYOUTS
+    keys = p.kv_len * layouts[p.cache_layout].token_bytes + p.extra_topk * layouts[p.extra_cache_layout].token_bytes
     return rows * keys + rows * p.heads_q * (2 * (p.head_dim + p.head_dim_v) + 4)
-
-
-def _layout(name: str) -> quantization.CacheLayout:
-    return quantization.LAYOUTS[name]
 
 
 def _scope(g, batch: int, q_len: int, topk: int, cache_tokens: int, spec: quantization.CacheLayout):
@@ -64,9 +61,10 @@ def _scope(g, batch: int, q_len: int, topk: int, cache_tokens: int, spec: quanti
 
 def inputs(p: Problem) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
-    k_cache, window_keys, indices = _scope(g, p.batch, p.q_len, p.kv_len, p.kv_len, _layout(p.cache_layout))
+    layouts = quantization.LAYOUTS
+    k_cache, window_keys, indices = _scope(g, p.batch, p.q_len, p.kv_len, p.kv_len, layouts[p.cache_layout])
     extra_cache, extra_keys, extra_indices = _scope(g, p.batch, p.q_len, p.extra_topk, 2 * p.extra_topk,
-                                                    _layout(p.extra_cache_layout))
+                                                    layouts[p.extra_cache_layout])
     q = torch.randn(p.batch, p.q_len, p.heads_q, p.head_dim, generator=g, device="cuda").to(torch.bfloat16)
     sink = torch.rand(p.heads_q, generator=g, device="cuda") * 5 - 2
     return dict(q=q, sink=sink, k_cache=k_cache, indices=indices, extra_k_cache=extra_cache,

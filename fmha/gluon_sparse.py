@@ -140,7 +140,8 @@ if dense.IMPORT_ERROR is None:
     @gluon.jit
     def _e2m1(code):
         """fp32 values of the e2m1 codes in the low 4 bits of `code` (int32): its sign, exponent
-        and mantissa bits placed as an fp16's are the value times 2^-14 (normal or subnormal)."""
+        and mantissa bits placed as an fp16's are the value times 2^-14 (normal or subnormal).
+        Fewer registers than fmha.triton_sources' _decode_e2m1 (with which the gatherer spilled)."""
         half = ((code & 7) << 9) | ((code & 8) << 12)
         return half.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32) * 16384.0
 
@@ -157,8 +158,10 @@ if dense.IMPORT_ERROR is None:
         keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, GROUP_KEYS))
         groups = gl.arange(0, 8, layout=gl.SliceLayout(1, GROUP_KEYS))
         cols = gl.arange(0, 64, layout=gl.SliceLayout(0, KEY_COLS))
-        stages = k_s._reinterpret(gl.bfloat16, [STAGES, 8, BLOCK_N, 64], STAGE_LAYOUT)
-        halves = k_s._reinterpret(gl.bfloat16, [2 * STAGES, 4, BLOCK_N, 64], STAGE_LAYOUT)
+        if LAYOUT == 1:
+            stages = k_s._reinterpret(gl.bfloat16, [STAGES, 8, BLOCK_N, 64], STAGE_LAYOUT)
+        else:
+            halves = k_s._reinterpret(gl.bfloat16, [2 * STAGES, 4, BLOCK_N, 64], STAGE_LAYOUT)
         TOKEN: gl.constexpr = 576 if LAYOUT == 1 else 352
         slot = _slots(IDX, keys, n_keys)
         for tile in range(gl.cdiv(n_keys, BLOCK_N)):
