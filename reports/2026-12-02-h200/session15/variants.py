@@ -1,0 +1,60 @@
+"""Session 15: fmha.gluon_sparse against session 14's kernel (git 0e5c4f8, an e2m1 code decoded a
+nibble at a time) on the DSV4 sparse-decode bench shapes: median of CUDA-graph replays (µs) and
+the largest |o - the first variant run|; and, timing only, the kernel with P.V over P's bf16 high
+half alone (FlashMLA's precision, which the gate rejects: DESIGN's P probe). `python variants.py
+[index ...]`; SECOND=dsv4-fp4 makes the second scope's cache FP4, SHAPES picks shapes by name
+(" " for all). Run it in a clone: on the device machine session 14's kernel lays beside this
+script (gluon_sparse_0e5c4f8.py)."""
+import os
+import subprocess
+import sys
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from fmha import bench_sparse
+from fmha.contract import check_attention_args
+from fmha.regressions.mutation import _import_patched, patch_source
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def kernel_at(commit: str) -> str:
+    beside = os.path.join(HERE, f"gluon_sparse_{commit}.py")
+    if os.path.exists(beside):
+        return open(beside).read()
+    return subprocess.run(["git", "show", f"{commit}:fmha/gluon_sparse.py"], cwd=HERE, capture_output=True,
+                          text=True, check=True).stdout
+
+
+product = open(os.path.join(HERE, "../../../fmha/gluon_sparse.py")).read()
+HI_ONLY = (("            acc = warpgroup_mma(gl.convert_layout(p_lo, dense.P_LAYOUT), v, acc, is_async=True)\n", ""),
+           ("            acc = warpgroup_mma(p_s.index(2 * slot + 1), v, acc, is_async=True)\n", ""))
+VARIANTS = {  # name: (base source, patches)
+    "session 14 (a nibble at a time)": (kernel_at("0e5c4f8"), ()),
+    "a byte at a time": (product, ()),
+    "P.V with P hi only (timing only)": (product, HI_ONLY),
+}
+
+if __name__ == "__main__":
+    only = sys.argv[1:]
+    modules = {name: _import_patched("_variant", f"v{i}", patch_source(base, patches, name, "fmha/gluon_sparse.py"))
+               for i, (name, (base, patches)) in enumerate(VARIANTS.items()) if not only or str(i) in only}
+    second = os.environ.get("SECOND", "dsv4-fp8")
+    for shape in [s for s in bench_sparse.SHAPES if os.environ.get("SHAPES", "B64 Hq128 T1 top-k 128+512") in s]:
+        x = bench_sparse.inputs(bench_sparse.SHAPES[shape].replace(extra_cache_layout=second))
+        shape = shape.replace("FP8", "FP8" if second == "dsv4-fp8" else f"FP8 + {second}")
+        args = dict(sink=x["sink"], indices=x["indices"], extra_k_cache=x["extra_k_cache"],
+                    extra_indices=x["extra_indices"])
+        problem = check_attention_args(x["q"], x["k_cache"], x["k_cache"], cache_layout="dsv4-fp8",
+                                       extra_cache_layout=second, **args)
+        reference = None
+        for name, module in modules.items():
+            out = torch.empty_like(x["q"])
+            fn = lambda: module.attention(problem, x["q"], x["k_cache"], x["k_cache"], out=out, **args)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            reference = out.clone() if reference is None else reference
+            diff = (out.float() - reference.float()).abs().max().item()
+            us = do_bench_cudagraph(fn, rep=200, return_mode="median") * 1e3
+            print(f"{shape} | {name}: {us:.1f} us, max |o - first| {diff:.3g}", flush=True)
