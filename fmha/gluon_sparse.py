@@ -5,25 +5,27 @@ The shape of fmha.gluon_attention (FlashMLA's too), with a gather in place of TM
 - a CTA owns 64 query heads of one (request, query row, KV head): DSV4's heads all read the
   row's indices, so a key tile serves 64 rows and QK^T is computed once per row;
 - a gathering warpgroup reads each 32-key tile's slots (-1 and slots past `topk_len` are no
-  key; the next tile's slots are in flight meanwhile), loads a quantized tile's bytes with
-  vector loads before it waits for a free stage, dequantizes them (e4m3 by the hardware
-  conversion, e2m1 placed as an fp16's bits, times the power-of-two scale: exact in bf16) and
-  stores the bf16 tile into shared memory in one store (FP4: two), four stages deep, with a
-  row of 0 / -inf per key. A key that is not read is zeros, so no byte of it (NaN poison
-  included) reaches a sum;
+  key; the slots of the tile after the next are in flight meanwhile), loads a quantized tile's
+  bytes with vector loads before it waits for a free stage (FP4: the next tile's bytes are
+  asked of L2 meanwhile), dequantizes them (e4m3 by the hardware conversion, e2m1 placed as an
+  fp16's bits, a byte's two codes in one 32-bit word, times the power-of-two scale: exact in
+  bf16) and stores the bf16 tile into shared memory in one store (FP4: two), four stages deep,
+  with a row of 0 / -inf per key. A key that is not read is zeros, so no byte of it (NaN
+  poison included) reaches a sum;
 - warpgroup 0 issues QK^T of tile i + 1 before the softmax of tile i (so the tensor cores
   work during it), adds the key row, runs the online softmax and hands P (bf16 hi + lo) to
   warpgroup 1; both do P.V, each for half of Dv; the second scope's tiles follow the first's
   in the same softmax, and the sink joins its denominator once, at the end.
 
 Where the time goes (H200, 2026-12-02, DSV4 B64 T1 top-k 128+512 FP8, 49 us; variants of
-sessions 13 and 14, reports/2026-12-02-h200/session13 and session14): the consumers alone take
+sessions 13-15, reports/2026-12-02-h200/session13 to session15): the consumers alone take
 41.3 us and the gatherer alone 36.8; together they slow each other by about 8. The consumers are
 bound by their MMAs at the margin (without P.V's low half, 35.0 us; with QK^T over half the
-dims, 36.9) plus per-tile bubbles; the gatherer by its reads: each key is read by both CTAs of
-an Hq 128 row, and random 576-byte tokens gather at about 2 TB/s at best on an H200. Reading
-them once per row needs a CTA cluster's shared memory or multicast, which Gluon in Triton 3.6
-does not have.
+dims, 36.9) plus per-tile bubbles. The gatherer is bound by its own work, not by the latency of
+its reads (with the next tile prefetched into L2 it takes 34.6), and each key is read and
+dequantized by both CTAs of an Hq 128 row: the whole kernel with P hi only (FlashMLA's
+precision) still takes 46.3. Sharing a dequantized tile between the two needs a CTA cluster's
+distributed shared memory (FlashMLA's "crossover"), which Gluon in Triton 3.6 does not have.
 
 Index-sparse rows are one CTA each, never split: a row padded with -1 then gives the same bits
 (the -1 law), and DSV4 decode already has B x T x Hq / 64 CTAs. Gluon has no interpreter: the
@@ -81,6 +83,8 @@ if dense.IMPORT_ERROR is None:
     FP4_KEYS = gl.constexpr(gl.SliceLayout(2, FP4_BYTES.value))
     # A stage of the ring as the 8 swizzled [keys, 64] blocks its two [keys, 256] chunks are made of.
     STAGE_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(128, 16, rank=3))
+    # The L2 prefetch of a tile's keys as [key, probe]: 8 probes a key, 2 a thread (its four column threads').
+    PROBES = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [GATHER_WARPS.value, 1], [1, 0]))
 
     @gluon.jit
     def _put(k_s, stage, group: gl.constexpr, x):
@@ -112,6 +116,22 @@ if dense.IMPORT_ERROR is None:
         read = (keys < n_keys) & (slot >= 0)
         slot = gl.where(read, slot, 0)
         return read, (slot // block_size).to(gl.int64), slot % block_size
+
+    @gluon.jit
+    def _prefetch(K, slot, keys, n_keys, block_size, stride_kb, TOKEN: gl.constexpr, SCALES: gl.constexpr):
+        """Ask L2 for the keys' bytes (every 128-byte line of a token, and its scales) a tile before
+        they are loaded, so that the gather's loads wait on L2 rather than on memory."""
+        read, page, offset = _locate(slot, keys, n_keys, block_size)
+        KEYS: gl.constexpr = gl.SliceLayout(1, PROBES)
+        page_base = gl.convert_layout(K + page * stride_kb, KEYS)
+        offset = gl.convert_layout(offset, KEYS)
+        probe = gl.arange(0, 8, layout=gl.SliceLayout(0, PROBES))
+        token = (page_base + offset * TOKEN)[:, None] + gl.minimum(probe * 128, TOKEN - 1)[None, :]
+        scales = (page_base + block_size * TOKEN + offset * SCALES)[:, None] + ((probe - 6) * (SCALES - 1))[None, :]
+        wanted = gl.convert_layout(read, KEYS)[:, None] & (probe >= 0)[None, :]
+        gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                                  "=r,l,r", [gl.where((probe < 6)[None, :], token, scales), wanted.to(gl.int32)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _fp4_half(page_base, token, offset, read, block_size, half: gl.constexpr):
@@ -170,11 +190,9 @@ if dense.IMPORT_ERROR is None:
             halves = k_s._reinterpret(gl.bfloat16, [2 * STAGES, 4, BLOCK_N, 64], STAGE_LAYOUT)
         TOKEN: gl.constexpr = 576 if LAYOUT == 1 else 352
         slot = _slots(IDX, keys, n_keys)
+        following = _slots(IDX, keys + BLOCK_N, n_keys)
         for tile in range(gl.cdiv(n_keys, BLOCK_N)):
             read, page, offset = _locate(slot, keys, n_keys, block_size)
-            # The next tile's slots, in flight while this one is gathered.
-            keys = keys + BLOCK_N
-            slot = _slots(IDX, keys, n_keys)
             page_base = K + page * stride_kb
             token = page_base + offset * TOKEN
             if LAYOUT == 1:
@@ -190,6 +208,14 @@ if dense.IMPORT_ERROR is None:
             rope = gl.convert_layout(token + (TOKEN - 128), gl.SliceLayout(1, KEY_COLS))
             rope = rope.to(gl.pointer_type(gl.bfloat16))
             rope = gl.load(rope[:, None] + cols[None, :], mask=rope_read[:, None], other=0.0)
+            # While this tile's bytes are in flight: the slots of the tile after the next, and for
+            # FP4 the next tile's bytes into L2 (7-8% faster; FP8 was not: none at B64, 1% slower
+            # at B256, session 15).
+            keys = keys + BLOCK_N
+            if LAYOUT == 2:
+                _prefetch(K, following, keys, n_keys, block_size, stride_kb, TOKEN, 16)
+            slot = following
+            following = _slots(IDX, keys + BLOCK_N, n_keys)
             stage = _claim(kfree, bias_s, first_tile + tile, gl.convert_layout(read, GATHER_KEYS))
             if LAYOUT == 1:
                 value = _e4m3(codes, scale[:, :, None]).to(gl.bfloat16)

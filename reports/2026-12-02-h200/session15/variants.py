@@ -1,10 +1,12 @@
-"""Session 15: fmha.gluon_sparse against session 14's kernel (git 0e5c4f8, an e2m1 code decoded a
-nibble at a time) on the DSV4 sparse-decode bench shapes: median of CUDA-graph replays (µs) and
-the largest |o - the first variant run|; and, timing only, the kernel with P.V over P's bf16 high
-half alone (FlashMLA's precision, which the gate rejects: DESIGN's P probe). `python variants.py
-[index ...]`; SECOND=dsv4-fp4 makes the second scope's cache FP4, SHAPES picks shapes by name
-(" " for all). Run it in a clone: on the device machine session 14's kernel lays beside this
-script (gluon_sparse_0e5c4f8.py)."""
+"""Session 15: fmha.gluon_sparse's variants on the DSV4 sparse-decode bench shapes: median of
+CUDA-graph replays (µs) and the largest |o - the first variant run|. Call 1: session 14's kernel
+(git 0e5c4f8, an e2m1 code decoded a nibble at a time) against a byte at a time; and, timing
+only, P.V over P's bf16 high half alone (FlashMLA's precision, which the gate rejects: DESIGN's
+P probe). Call 2: the next tile's keys prefetched into L2 (the working tree) against call 1's
+kernel (git 0821b06), each also with consumers that take each tile at once (the gatherer alone).
+`python variants.py [index ...]`; SECOND=dsv4-fp4 makes the second scope's cache FP4, SHAPES
+picks shapes by name (" " for all). Run it in a clone: on the device machine the git kernels
+lay beside this script (gluon_sparse_<commit>.py)."""
 import os
 import subprocess
 import sys
@@ -30,10 +32,38 @@ def kernel_at(commit: str) -> str:
 product = open(os.path.join(HERE, "../../../fmha/gluon_sparse.py")).read()
 HI_ONLY = (("            acc = warpgroup_mma(gl.convert_layout(p_lo, dense.P_LAYOUT), v, acc, is_async=True)\n", ""),
            ("            acc = warpgroup_mma(p_s.index(2 * slot + 1), v, acc, is_async=True)\n", ""))
+# Call 2's kernel: the prefetch for both layouts.
+BOTH_LAYOUTS = (("""            if LAYOUT == 2:
+                _prefetch(K, following, keys, n_keys, block_size, stride_kb, TOKEN, 16)
+""", """            _prefetch(K, following, keys, n_keys, block_size, stride_kb, TOKEN, 8 if LAYOUT == 1 else 16)
+"""),)
+# Timing only: warpgroups 0 and 1 take each tile and free it at once (session 13's patch).
+NO_CONSUMERS = (
+    ("""            following = gl.minimum(i + 1, n_tiles - 1)
+            mbarrier.wait(kready.index(following % STAGES), (following // STAGES) & 1)
+            s_next = _qk(q_s, k_s, following % STAGES, zero_s)
+            # 0 for a key, -inf for a slot that is none (its tile row is zeros)
+            s = s * qk_scale + bias_s.index(ks).load(gl.SliceLayout(0, QK_LAYOUT))[None, :]
+            p_hi, p_lo, alpha, m_i, l_i = dense._online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
+            acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
+            v = k_s.index(2 * ks)
+            acc = warpgroup_mma(gl.convert_layout(p_hi, dense.P_LAYOUT), v, acc, is_async=True)
+            acc = warpgroup_mma(gl.convert_layout(p_lo, dense.P_LAYOUT), v, acc, is_async=True)
+            acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_next))
+            mbarrier.arrive(kfree.index(ks), count=1)
+""", """            mbarrier.wait(kready.index(ks), (i // STAGES) & 1)
+            mbarrier.arrive(kfree.index(ks), count=2)
+"""),
+    ("        acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)\n        for i in range(n_tiles):\n",
+     "        acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)\n        for i in range(0):\n"))
 VARIANTS = {  # name: (base source, patches)
     "session 14 (a nibble at a time)": (kernel_at("0e5c4f8"), ()),
-    "a byte at a time": (product, ()),
-    "P.V with P hi only (timing only)": (product, HI_ONLY),
+    "a byte at a time": (kernel_at("0821b06"), ()),
+    "P.V with P hi only (timing only)": (kernel_at("0821b06"), HI_ONLY),
+    "the next tile prefetched into L2": (product, BOTH_LAYOUTS),
+    "a byte at a time, consumers take nothing (timing only)": (kernel_at("0821b06"), NO_CONSUMERS),
+    "the next tile prefetched into L2, consumers take nothing (timing only)": (product, BOTH_LAYOUTS + NO_CONSUMERS),
+    "the next tile prefetched into L2 for FP4 only": (product, ()),
 }
 
 if __name__ == "__main__":
