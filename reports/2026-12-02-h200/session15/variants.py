@@ -37,6 +37,13 @@ BOTH_LAYOUTS = (("""            if LAYOUT == 2:
                 _prefetch(K, following, keys, n_keys, block_size, stride_kb, TOKEN, 16)
 """, """            _prefetch(K, following, keys, n_keys, block_size, stride_kb, TOKEN, 8 if LAYOUT == 1 else 16)
 """),)
+# Call 5's try: the e4m3 codes converted to bf16 and scaled by a bf16 product.
+E4M3_IN_BF16 = (
+    ("        return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _decode_ue8m0(scale_codes.to(gl.int32))",
+     "        return codes.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16) * "
+     "_decode_ue8m0(scale_codes.to(gl.int32)).to(gl.bfloat16)"),
+    ("                value = _e4m3(codes, scale[:, :, None]).to(gl.bfloat16)",
+     "                value = _e4m3(codes, scale[:, :, None])"))
 # Timing only: warpgroups 0 and 1 take each tile and free it at once (session 13's patch).
 NO_CONSUMERS = (
     ("""            following = gl.minimum(i + 1, n_tiles - 1)
@@ -63,7 +70,8 @@ VARIANTS = {  # name: (base source, patches)
     "the next tile prefetched into L2": (product, BOTH_LAYOUTS),
     "a byte at a time, consumers take nothing (timing only)": (kernel_at("0821b06"), NO_CONSUMERS),
     "the next tile prefetched into L2, consumers take nothing (timing only)": (product, BOTH_LAYOUTS + NO_CONSUMERS),
-    "the next tile prefetched into L2 for FP4 only": (product, ()),
+    "the next tile prefetched into L2 for FP4 only": (kernel_at("cbcfbee"), ()),
+    "e4m3 scaled in bf16": (kernel_at("cbcfbee"), E4M3_IN_BF16),
 }
 
 if __name__ == "__main__":
