@@ -209,8 +209,8 @@ if dense.IMPORT_ERROR is None:
             rope = rope.to(gl.pointer_type(gl.bfloat16))
             rope = gl.load(rope[:, None] + cols[None, :], mask=rope_read[:, None], other=0.0)
             # While this tile's bytes are in flight: the slots of the tile after the next, and for
-            # FP4 the next tile's bytes into L2 (7-8% faster; FP8 was not: none at B64, 1% slower
-            # at B256, session 15).
+            # FP4 the next tile's bytes into L2 (5-7% faster; FP8 was not faster: the same at B64,
+            # up to 1.4% slower at B256; session 15).
             keys = keys + BLOCK_N
             if LAYOUT == 2:
                 _prefetch(K, following, keys, n_keys, block_size, stride_kb, TOKEN, 16)
