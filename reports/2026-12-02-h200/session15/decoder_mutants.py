@@ -1,13 +1,15 @@
 """Session 15: tests/test_gluon_sparse.py's e2m1 decoder test fails on decoders with the bugs it is
 for, in the byte-at-a-time decoder: fmha.gluon_sparse patched, its _fp4_values put in the test
 module's place, every case run. `python decoder_mutants.py NAME` (one a process: the test kernel
-compiles once a process)."""
-import inspect
+compiles once a process). Session 14's runner does the work."""
+import importlib.util
+import os
 import sys
 
-from fmha import gluon_sparse
-from fmha.regressions.mutation import _import_patched, patch_source
-from tests import test_gluon_sparse as tests
+spec = importlib.util.spec_from_file_location(
+    "session14", os.path.join(os.path.dirname(os.path.abspath(__file__)), "../session14/decoder_mutants.py"))
+session14 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(session14)
 
 MUTANTS = {
     "high-nibble-first": ("gl.join((first * scale).to(gl.bfloat16), (second * scale).to(gl.bfloat16))",
@@ -17,16 +19,4 @@ MUTANTS = {
     "signs-dropped": ("((both & 0x80008) << 12)", "((both & 0) << 12)"),
     "high-nibble-misplaced": ("both = byte * 4097", "both = byte * 65537"),
 }
-name = sys.argv[1]
-module = _import_patched("_decoder", name, patch_source(inspect.getsource(gluon_sparse), (MUTANTS[name],), name,
-                                                        "fmha/gluon_sparse.py"))
-gluon_sparse._fp4_values = module._fp4_values
-failures = []
-for low_high in tests.FP4_SCALE_CODES:
-    try:
-        tests.test_e2m1_decoder_matches_the_oracle(low_high, "cuda")
-    except AssertionError as e:
-        if "decode differently" not in str(e):  # not the test's own verdict
-            raise
-        failures.append(str(e).splitlines()[0])
-print(f"{name}: caught by {len(failures)} of {len(tests.FP4_SCALE_CODES)} cases; first: {failures[:1]}", flush=True)
+session14.caught(MUTANTS, sys.argv[1])
