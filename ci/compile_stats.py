@@ -85,4 +85,4 @@ def _label(src) -> str:
     module = getattr(getattr(src, "fn", None), "module", "") or ""
     if module.startswith("fmha._mutant"):
         module = "regressions mutants"
-    return f"{module.removeprefix('fmha.')}.{getattr(src, 'name', '?')}"
+    return f"{module.removeprefix('fmha.kernels.').removeprefix('fmha.')}.{getattr(src, 'name', '?')}"

@@ -28,14 +28,14 @@ import pytest
 import torch
 
 from fmha.ci.compile_stats import CompileStats
-from fmha.ci.plugin import DEVICE
+from fmha.properties.session import DEVICE
 
 POISONED_SECTION = "fmha: CUDA context"
 WORKER_EXIT_CODE = 3
 GPU = pytest.StashKey[int | None]()  # the GPU this process's tests run on (None: not pinned)
 # What the workers on one GPU may hold together in PyTorch's allocator, split evenly; the rest
 # is their CUDA contexts and compiled modules (about 1 GB a worker: at 16 x 7.97 GB allocated
-# an H200 showed 143 GB in use, 2026-12-01). Without a cap each worker's cache grew to its
+# an H200 showed 143 GB in use). Without a cap each worker's cache grew to its
 # largest draw: under the nightly profile 16 workers held 8.5 GB each, the GPU ran out and 51
 # tests failed. At the cap the allocator gives its cache back and retries before it raises.
 GPU_MEMORY_SHARE = 0.7
@@ -76,7 +76,7 @@ def pytest_runtest_setup(item):
 
 def pytest_runtest_teardown(item):
     """Give the memory a test cached back: many workers share one GPU, and each would keep
-    its own peak otherwise (16 workers on an H200 ran out at 7 GB each, 2026-12-01)."""
+    its own peak otherwise (16 workers on an H200 ran out at 7 GB each)."""
     if item.config.stash[DEVICE] == "cuda" and torch.cuda.is_initialized() and POISONED not in item.stash:
         torch.cuda.empty_cache()
 

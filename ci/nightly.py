@@ -35,7 +35,7 @@ from fmha.ci.cli import kernel_parser, parse, selected_kernels
 from fmha.ci.report_html import write_page
 from fmha.oracles.check import judge_run, run_kernel
 from fmha.oracles.sample import Sample
-from fmha.problem import DTYPE_NAMES
+from fmha.contract import DTYPE_NAMES
 from fmha.properties.grid import GRID, SPARSE_GRID, config_id, grid_id, grid_problem, sparse_id
 from fmha.tables import Table
 

@@ -20,14 +20,14 @@ per-call needs to that check. A failing test with a kernel prints the command th
 from __future__ import annotations
 
 import os
-import shlex
 
 import pytest
 import torch
 
-from fmha.capabilities import KernelEntry
-from fmha.contract import NotSupportedError
-from fmha.problem import Problem
+from fmha.contract import KernelEntry, NotSupportedError, Problem
+from fmha.properties.session import DEVICE, register_profiles, reproduce_command
+
+register_profiles()
 
 MARKERS = {
     "gpu": "needs a CUDA device; skipped with a reason elsewhere",
@@ -44,37 +44,10 @@ MARKERS = {
 }
 
 
-def _register_profiles() -> None:
-    """Hypothesis profiles for the laws, chosen with --hypothesis-profile; without it the laws
-    run under fmha-ci when CI is set, else fmha-dev (other tests in the session keep their
-    own). Registered on import, before hypothesis reads --hypothesis-profile; an environment
-    without hypothesis (fmha installed without [test]) gets the plugin without them."""
-    try:
-        from hypothesis import HealthCheck, Phase, settings
-        from hypothesis.database import DirectoryBasedExampleDatabase
-    except ImportError:
-        return
-    slow_draws = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws)
-    settings.register_profile("fmha-ci", max_examples=8, deadline=None, derandomize=True, database=None,
-                              print_blob=True, suppress_health_check=slow_draws)
-    settings.register_profile("fmha-nightly", max_examples=200, deadline=None, print_blob=True,
-                              database=DirectoryBasedExampleDatabase(".hypothesis/nightly"),
-                              suppress_health_check=slow_draws)
-    # triage: first failure, unshrunk, fast (shrinking through the CPU interpreter takes minutes).
-    settings.register_profile("fmha-triage", settings.get_profile("fmha-ci"),
-                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
-
-
-_register_profiles()
-
-DEVICE = pytest.StashKey[str]()
 KERNELS = pytest.StashKey[list]()
 MERGES = pytest.StashKey[list]()
 KNOWN_FAILURES = pytest.StashKey[tuple]()
 
-# Options a rerun of one test needs, as given to this session.
-_RERUN_OPTIONS = ("--fmha-device", "--fmha-known-failures", "--hypothesis-profile")
 
 
 def pytest_addoption(parser):
@@ -166,17 +139,12 @@ def pytest_generate_tests(metafunc):
             metafunc.parametrize("merge_kernel", merges, ids=[m.name for m in merges])
 
 
-def problem_params(problems, marks=()) -> list:
-    """pytest.param per Problem (or Sample), with its readable id."""
-    return [pytest.param(p, id=p.id, marks=marks) for p in problems]
-
-
 def starts_first_order(items: list, config) -> list:
     """`starts_first` tests at the head of different xdist workers' first batches, the rest in
     order. xdist's load scheduler hands each worker a batch of consecutive tests first
     (worksteal: an equal share of them): all of them at the front of the collection put every
     one on the first worker, one after the other, and that worker was a cold H200 run's tail
-    (192 s of the run's 231 s, 2026-12-01)."""
+    (192 s of the run's 231 s)."""
     first = [item for item in items if item.get_closest_marker("starts_first")]
     rest = [item for item in items if not item.get_closest_marker("starts_first")]
     workerinput = getattr(config, "workerinput", {})
@@ -260,33 +228,6 @@ def pytest_runtest_makereport(item, call):
     if report.failed and call.when == "call" and "kernel" in getattr(getattr(item, "callspec", None), "params", {}):
         report.sections.append(("fmha: reproduce", reproduce_command(item)))
     return report
-
-
-def reproduce_command(item) -> str:
-    """A command that reruns `item` alone against the same kernel, runnable as printed from
-    the directory this session ran in (the test file by its absolute path)."""
-    config = item.config
-    params = item.callspec.params if hasattr(item, "callspec") else {}
-    args = ["pytest", f"{item.path}::{item.name}"]
-    if "kernel" in params:
-        args += ["--fmha-kernel", params["kernel"].name]
-    if "merge_kernel" in params:
-        args += ["--fmha-merge", params["merge_kernel"].name]
-    for option in _RERUN_OPTIONS:
-        value = config.getoption(option, None) if option != "--fmha-device" else config.stash[DEVICE]
-        if value:
-            args += [option, os.path.abspath(value) if option == "--fmha-known-failures" else value]
-    return shlex.join(args)
-
-
-def law_settings(config):
-    """The hypothesis settings the laws run under: those of --hypothesis-profile when given,
-    else fmha-ci under CI and fmha-dev elsewhere."""
-    from hypothesis import settings
-
-    if config.getoption("hypothesis_profile", None):
-        return None  # hypothesis has loaded the profile as the default
-    return settings.get_profile("fmha-ci" if os.environ.get("CI") else "fmha-dev")
 
 
 @pytest.fixture(scope="session")

@@ -34,12 +34,9 @@ from fmha.ci.cli import kernel_parser, parse, selected_kernels
 from fmha.contract import NotSupportedError
 from fmha.oracles.check import judge_run, run_kernel
 from fmha.oracles.distributions import DISTRIBUTIONS
-from fmha.problem import DTYPE_NAMES
-from fmha.properties import laws, source_laws
+from fmha.contract import DTYPE_NAMES
+from fmha.properties.catalog import LAWS
 from fmha.properties.feature_cases import FEATURE_CASES, with_dtypes
-from fmha.properties.pinned import PINNED
-from fmha.properties.source_strategies import source_samples
-from fmha.properties.strategies import samples
 from fmha.registry import MERGES
 from fmha.regressions import ledger
 from fmha.tables import Table
@@ -114,47 +111,24 @@ def agreement(kernel, sample, device: str, worst=None) -> Result:
                   _signature(signature))
 
 
-def _law_test(law) -> str:
-    """The pytest test that runs `law` (known-failure records name it)."""
-    return source_laws.SOURCE_LAWS[law][0] if law in source_laws.SOURCE_LAWS else laws.LAW_TESTS[law.__name__]
-
-
-def _law_setup(kernel, law, device: str):
-    """(strategy, operands, pinned samples) of a law for this kernel; pytest.skip, with the
-    reason, when the kernel lacks what the law needs."""
-    caps = kernel.capabilities_on(device)
-    if law in source_laws.SOURCE_LAWS:
-        _, kinds, needs = source_laws.SOURCE_LAWS[law]
-        source_laws.require(kernel, device, kinds, needs)
-        return source_samples(caps, device, kinds=kinds, needs=needs), (kernel,), []
-    laws.require(kernel, device, *laws.KERNEL_LAWS[law])
-    operands = (kernel, MERGES["fmha"]) if law is laws.split_keys_merge_to_the_whole else (kernel,)
-    pinned = [s for s in PINNED.get(law.__name__, []) if not kernel.not_supported_reasons(s.problem, device)]
-    return samples(caps, device), operands, pinned
-
-
 def law_pass(kernel, law, device: str, examples: int) -> Result:
     """The law on a few derandomized draws, unshrunk."""
-    try:
-        strategy, operands, pinned = _law_setup(kernel, law, device)
-    except pytest.skip.Exception as e:
-        return Result(kernel.name, "laws", law.__name__, "", "skipped", e.msg.removeprefix(f"{kernel.name}: "))
     quick = settings(max_examples=examples, derandomize=True, database=None, deadline=None,
                      phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
                      suppress_health_check=list(HealthCheck))
     try:
-        laws.run_law(law, strategy, *operands, device=device, settings=quick, pinned=pinned)
+        law.run(device, kernel, MERGES["fmha"], settings=quick)
     except pytest.skip.Exception as e:
-        return Result(kernel.name, "laws", law.__name__, "", "skipped", e.msg)
+        return Result(kernel.name, "laws", law.name, "", "skipped", e.msg.removeprefix(f"{kernel.name}: "))
     except AssertionError as e:
         notes = "\n".join(line for line in getattr(e, "__notes__", []) if line.startswith("pin it"))
         first = str(e).splitlines()[0]
-        return Result(kernel.name, "laws", law.__name__, "", "failed", f"{e}\n{notes}".strip(),
-                      _signature(f"{law.__name__}: {first.split(':', 1)[-1]}"))
+        return Result(kernel.name, "laws", law.name, "", "failed", f"{e}\n{notes}".strip(),
+                      _signature(f"{law.name}: {first.split(':', 1)[-1]}"))
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this law, not the run
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        return Result(kernel.name, "laws", law.__name__, "", "raised", error, f"raised {_signature(error)}")
-    return Result(kernel.name, "laws", law.__name__, "", "passed")
+        return Result(kernel.name, "laws", law.name, "", "raised", error, f"raised {_signature(error)}")
+    return Result(kernel.name, "laws", law.name, "", "passed")
 
 
 def report(results: list[Result], header: str) -> str:
@@ -210,7 +184,7 @@ def main(argv=None) -> int:
 
     cases = [s.replace(distribution=d, seed=seed) for s in with_dtypes(FEATURE_CASES)
              for d in DISTRIBUTIONS for seed in range(args.seeds)]
-    law_list = [*laws.KERNEL_LAWS, *source_laws.SOURCE_LAWS] if args.law_examples > 0 and not args.calibrate else []
+    law_list = [law for law in LAWS.values() if law.draws != "merge"] if args.law_examples > 0 and not args.calibrate else []
     worst = defaultdict(lambda: {c: (-math.inf, "") for c in WORST}) if args.calibrate else None
     results = []
     with tqdm(total=len(kernels) * (len(cases) + len(law_list)), unit="case", file=sys.stderr, disable=None) as bar:
@@ -221,9 +195,9 @@ def main(argv=None) -> int:
                                                "test_kernel_matches_oracle"))
                 bar.update()
             for law in law_list:
-                bar.set_postfix_str(f"{kernel.name} {law.__name__}")
+                bar.set_postfix_str(f"{kernel.name} {law.name}")
                 results.append(_against_ledger(law_pass(kernel, law, device, args.law_examples), known, device,
-                                               _law_test(law)))
+                                               law.test))
                 bar.update()
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"

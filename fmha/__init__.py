@@ -18,12 +18,13 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from fmha.capabilities import Capabilities  # noqa: E402
-from fmha.contract import ContractError, NotSupportedError, check_attention_args, check_merge_args  # noqa: E402
-from fmha.problem import FEATURES, Problem  # noqa: E402
+from fmha.contract import (  # noqa: E402
+    FEATURES, Capabilities, ContractError, KernelEntry, NotSupportedError, Problem, check_attention_args,
+    check_merge_args,
+)
 
-__all__ = ["attention", "merge", "Capabilities", "ContractError", "NotSupportedError", "check_attention_args",
-           "check_merge_args", "FEATURES", "Problem"]
+__all__ = ["attention", "merge", "Capabilities", "ContractError", "KernelEntry", "NotSupportedError",
+           "check_attention_args", "check_merge_args", "FEATURES", "Problem"]
 
 
 def __getattr__(name: str):

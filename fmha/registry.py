@@ -3,60 +3,54 @@
     resolve_kernel("sdpa-math")                 a built-in entry
     resolve_kernel("my_pkg.attn:flash_fwd")     any contract callable, no repo edit needed
 
-A plugged-in callable may carry a `capabilities` attribute (fmha.capabilities.Capabilities);
-one without claims the whole contract and promises nothing beyond it. An attribute that is
+A plugged-in callable may carry a `capabilities` attribute (fmha.Capabilities); one without
+claims the whole contract and promises nothing beyond it. An attribute that is
 already a KernelEntry is used as it is. A plug-in's module is imported from sys.path, and
 else from the current directory (`pytest --fmha-kernel mykernel:fwd` next to mykernel.py).
+
+The catalogue sits above the oracles: its `reference` kernel is the float64 oracle rounded.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import sys
 
-from fmha import dispatch, gluon_attention, gluon_sparse, merge_torch
-from fmha.adapters import flex, paged, sdpa
-from fmha.capabilities import FULL_CONTRACT, KernelEntry, MergeEntry
-from fmha.triton_utils import triton_availability
+from fmha import dispatch
+from fmha.adapters import flex, sdpa, sdpa_paged
+from fmha.contract import FULL_CONTRACT, KernelEntry, MergeEntry
+from fmha.kernels import gluon_dense, gluon_sparse, torch_merge
+from fmha.kernels.triton_utils import triton_availability
+from fmha.oracles import reference_kernel
 
 OURS = [
     KernelEntry(
         name="fmha", fn=dispatch.attention, capabilities=dispatch.CAPABILITIES,
         availability=triton_availability,
-        description="fmha.attention: the Gluon kernel for bf16 head dim 512 on Hopper, the Triton kernel for "
-                    "everything else (compiled on CUDA, TRITON_INTERPRET=1 on CPU); contract v2's sources "
-                    "through fmha.gluon_sparse (DSV4's sparse decode on Hopper) and fmha.triton_sources",
+        description="fmha.attention: the first of " + ", ".join(e.name for e in dispatch.IMPLEMENTATIONS)
+                    + " that supports the call (the Gluon kernels on Hopper for bf16 head dim 512 and DSV4's "
+                      "sparse decode; the Triton kernels, compiled on CUDA and interpreted on CPU, for the rest)",
     ),
     KernelEntry(
-        name="triton", fn=functools.partial(dispatch.attention, implementation="triton"),
+        name="triton", fn=dispatch.dispatching(dispatch.implementations("triton")),
         capabilities=dispatch.CAPABILITIES, default_devices=(), availability=triton_availability,
         description="fmha's Triton kernels alone (dense and contract v2's sources), also where fmha.attention "
                     "would run a Gluon one",
     ),
-    KernelEntry(
-        name="gluon", fn=dispatch.only(gluon_attention.IMPLEMENTATION),
-        capabilities=gluon_attention.CAPABILITIES, availability=gluon_attention.availability,
-        default_devices=("cuda",),
-        description="fmha's Gluon kernel alone (bf16 head dim 512 on Hopper; fmha.attention runs it there)",
-    ),
-    KernelEntry(
-        name="gluon-sparse", fn=dispatch.only_sources("gluon", gluon_sparse),
-        capabilities=gluon_sparse.CAPABILITIES, availability=gluon_sparse.availability, default_devices=("cuda",),
-        description="fmha's Gluon sparse-decode kernel alone (DSV4: index-sparse bf16 head dim 512 K = V over "
-                    "bf16, FP8 or FP4 caches, on Hopper; fmha.attention runs it there)",
-    ),
+    gluon_dense.ENTRY,
+    gluon_sparse.ENTRY,
 ]
 
-KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES, *paged.ENTRIES]}
+KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES, reference_kernel.ENTRY,
+                                                          *sdpa_paged.ENTRIES]}
 
 MERGES: dict[str, MergeEntry] = {
     m.name: m
     for m in [
         MergeEntry("fmha", dispatch.merge, description="fmha.merge: fmha's Triton D5 merge",
                    availability=triton_availability),
-        MergeEntry("torch-merge", merge_torch.merge, description="eager PyTorch, float32 math"),
+        MergeEntry("torch-merge", torch_merge.merge, description="eager PyTorch, float32 math"),
     ]
 }
 

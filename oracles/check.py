@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fmha.capabilities import KernelEntry
-from fmha.contract_sources import output_shape
-from fmha.oracles import reference, sources
+from fmha.contract import KernelEntry
+from fmha.contract.paged import output_shape
+from fmha.oracles import key_sources
 from fmha.oracles.diagnose import explain
 from fmha.oracles.metrics import measure
 from fmha.oracles.sample import Inputs, Sample
@@ -81,14 +81,13 @@ def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, 
     return o, lse
 
 
-def oracle_of(inputs: Inputs) -> reference.Oracle:
+def oracle_of(inputs: Inputs) -> key_sources.Oracle:
     """The float64 answer `inputs` are judged against (for ragged queries shaped as one
     request of total_q rows, as `as_batch` shapes the kernel's)."""
-    if inputs.problem.source == "dense":
-        return reference.oracle(inputs.q, inputs.k, inputs.v, **inputs.kwargs())
     call = inputs.kwargs()
-    return sources.oracle(inputs.q, inputs.oracle_sources, cu_seqlens_q=call.get("cu_seqlens_q"),
-                          scale=call["scale"], causal=call["causal"], window=call["window"], sink=call["sink"])
+    keys = inputs.oracle_sources or [key_sources.Dense(inputs.k, inputs.v)]
+    return key_sources.oracle(inputs.q, keys, cu_seqlens_q=call.get("cu_seqlens_q"), scale=call["scale"],
+                              causal=call["causal"], window=call["window"], sink=call["sink"])
 
 
 def as_batch(run: Run) -> tuple:
@@ -100,7 +99,7 @@ def as_batch(run: Run) -> tuple:
     return add(run.o), add(run.lse), add(run.unwritten)
 
 
-def judge_run(run: Run, oracle: reference.Oracle | None = None, kernel: KernelEntry | None = None,
+def judge_run(run: Run, oracle: key_sources.Oracle | None = None, kernel: KernelEntry | None = None,
               tolerance: Tolerance | None = None) -> Verdict:
     """The verdict on `run` (`oracle`: oracle_of(run.inputs), when the caller has it). On a
     failure the hints name the likely bug; with `kernel` they may rerun it on simpler inputs

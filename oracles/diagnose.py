@@ -20,10 +20,11 @@ import torch
 
 from fmha.oracles import reference
 from fmha.oracles.sample import Inputs
-from fmha.problem import DTYPE_NAMES, Problem
+from fmha.contract import DTYPE_NAMES, Problem
 
 if TYPE_CHECKING:  # check imports this module
-    from fmha.capabilities import KernelEntry
+    from fmha.oracles.key_sources import Oracle
+    from fmha.contract import KernelEntry
     from fmha.oracles.check import Run
     from fmha.oracles.verdict import Verdict
 
@@ -117,7 +118,7 @@ def _rel_l2(o: torch.Tensor, ref: torch.Tensor) -> float:
     return float((o - ref).norm()) / max(float(ref.norm()), 1e-300)
 
 
-def explain(run: Run, oracle: reference.Oracle, verdict: Verdict, kernel: KernelEntry | None = None) -> list[str]:
+def explain(run: Run, oracle: Oracle, verdict: Verdict, kernel: KernelEntry | None = None) -> list[str]:
     """Likely causes of the failing `verdict` on `run`, each with its evidence."""
     x, floor = run.inputs, verdict.metrics.floor
     if x.problem.source != "dense":
@@ -144,7 +145,7 @@ def explain(run: Run, oracle: reference.Oracle, verdict: Verdict, kernel: Kernel
     return hints
 
 
-def _lse_conventions(run: Run, oracle: reference.Oracle) -> list[str]:
+def _lse_conventions(run: Run, oracle: Oracle) -> list[str]:
     """FlashMLA's LSE: the sink left out, +inf for a row with no key (the base-2 LSE of
     FlashInfer is named by the verdict's own hint, from the metrics alone)."""
     if run.lse is None:

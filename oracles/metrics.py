@@ -200,7 +200,7 @@ def measure(
 
 # fp32 logits: a dot product of D terms summed in fp32 is off by a few units of 2^-24 of the
 # terms' magnitude (CPU, fp16 large_logits, logits near 0.5 from terms near 1e4: lse off by
-# 2.2e-4 in fmha and SDPA flash alike, 2026-12-01).
+# 2.2e-4 in fmha and SDPA flash alike).
 LOGIT_ROUNDING = 4 * 2.0**-24
 
 

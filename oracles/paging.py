@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from fmha.oracles import quantization, sources
+from fmha.contract.pages import request_slots
+from fmha.oracles import key_sources, quantization
 from fmha.oracles.sample import Inputs, Sample
 
 # Poison bytes of an unread quantized token: NaN (e2m1 has no NaN code: its tile's scale
@@ -67,14 +68,14 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     k_call, oracle_k = _quantized(k_cache, p.cache_layout, _read(table, kv_lens, bs), fill)
     v_call, oracle_v = (k_call, oracle_k) if v_cache is k_cache else (v_cache, v_cache)
     args["cache_layout"] = p.cache_layout
-    oracle = sources.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
+    oracle = key_sources.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
     return Inputs(sample, q, k_call, v_call, sink, _given(args), [oracle])
 
 
 def _read(table, kv_lens, block_size) -> torch.Tensor:
     """The flat slots (page * block_size + offset) a paged call reads, request by request."""
-    return torch.cat([torch.tensor(table[b], dtype=torch.long)[torch.arange(n) // block_size] * block_size
-                      + torch.arange(n) % block_size for b, n in enumerate(kv_lens)] or [torch.zeros(0, dtype=torch.long)])
+    return torch.cat([request_slots(table[b], n, block_size) for b, n in enumerate(kv_lens)]
+                     or [torch.zeros(0, dtype=torch.long)])
 
 
 def _scatter(x, table, kv_lens, block_size, num_blocks, fill, cast) -> torch.Tensor:
@@ -125,7 +126,7 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
     k_call, oracle_cache = _quantized(cache, layout, slots.flatten(), fill)
     args = {f"{prefix}k_cache": k_call, f"{prefix}indices": indices, f"{prefix}topk_len": topk_len,
             f"{prefix}cache_layout": layout}
-    return args, [sources.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
+    return args, [key_sources.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
 
 
 def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill: float):

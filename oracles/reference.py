@@ -6,7 +6,6 @@ inputs' device, in float64, and share no code with any kernel's masking or softm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -62,45 +61,6 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None):
     v = v.double().repeat_interleave(group, dim=2)
     o = torch.einsum("bhts,bshd->bthd", weights, v)
     return o, lse
-
-
-@dataclass
-class Oracle:
-    """The float64 answer to one call, and the scales a verdict measures a kernel against."""
-
-    o: torch.Tensor  # (B, T, Hq, Dv)
-    lse: torch.Tensor  # (B, Hq, T)
-    # The attention over |v|: for each output element, the sum of the magnitudes of the terms
-    # it adds up, the scale its rounding error is relative to (|o| is far smaller where they
-    # cancel).
-    o_abs: torch.Tensor
-    # RMS of the visible logits: holding them in float32 costs about 2^-24 of this.
-    logit_rms: float
-    # (B, Hq, T): scale * |q_row| * max |k|, what a row's logits add up before they cancel.
-    logit_magnitude: torch.Tensor
-    # Like o: 2^-126 times the visible |v|, what a kernel computing the weights in fp32 loses
-    # where they fall below fp32's smallest normal and flush to zero (an H200 kernel, a sink
-    # taking all but 2^-130 of a row's weight: rows of outputs near 2^-125 off by 55 units).
-    underflow: torch.Tensor
-
-
-def oracle(q, k, v, *, scale=None, causal=False, window=None, sink=None) -> Oracle:
-    """`attention` and what the verdict needs beside it, from one pass over the logits."""
-    scores = logits(q, k, scale)
-    visible = visibility_mask(q.shape[1], k.shape[1], causal, window, device=q.device)
-    visible_scores = scores.masked_select(visible.expand_as(scores))
-    logit_rms = float(visible_scores.square().mean().sqrt()) if visible_scores.numel() else 0.0
-    weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF), sink)
-    v = v.double().repeat_interleave(q.shape[2] // v.shape[2], dim=2)
-    o = torch.einsum("bhts,bshd->bthd", weights, v)
-    o_abs = torch.einsum("bhts,bshd->bthd", weights, v.abs())
-    visible_v = torch.einsum("ts,bshd->bthd", visible.double(), v.abs())
-    underflow = torch.finfo(torch.float32).tiny * visible_v
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    k_norms = k.double().norm(dim=-1)  # (B, S, Hkv)
-    k_norm = (k_norms.amax(dim=1) if k.shape[1] else k_norms.sum(dim=1)).repeat_interleave(q.shape[2] // k.shape[2], 1)
-    logit_magnitude = scale * q.double().norm(dim=-1).transpose(1, 2) * k_norm[..., None]
-    return Oracle(o, lse, o_abs, logit_rms, logit_magnitude, underflow)
 
 
 def ksplit_attention(q, k, v, *, splits: int, scale=None, causal=False, window=None, sink=None):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fmha.oracles.distributions import DISTRIBUTIONS
-from fmha.problem import Problem, repr_fields
+from fmha.contract.problem import Problem, repr_fields
 
 STORAGES = ("contiguous", "strided", "sliced", "expanded")
 SLICE_TAIL = 67  # rows past the view in a sliced buffer: not a multiple of any tile
@@ -162,7 +162,7 @@ def lay_out(t: torch.Tensor, storage: str, fill: float = float("nan"), hidden: i
 class Inputs:
     """A sample's tensors: the positional arguments of the contract call, and the sink; for
     contract v2 the source's keyword arguments (block_table=, indices=, ...) and the float
-    sources the oracle reads (fmha.oracles.sources, quantized caches decoded)."""
+    sources the oracle reads (fmha.oracles.key_sources, quantized caches decoded)."""
 
     sample: Sample
     q: torch.Tensor

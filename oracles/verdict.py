@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fmha.problem import DTYPE_NAMES
+from fmha.contract import DTYPE_NAMES
 from fmha.oracles.metrics import Metrics
 
 
@@ -58,7 +58,7 @@ class Verdict:
 # The RMS checks (cosine, error ratio, magnitude) compare sample statistics with a floor
 # measured on the same sample. Below this many output elements one element off by an ulp
 # moves them past thresholds calibrated on larger outputs (CPU SDPA flash, one 16-element
-# row: 3.24x the floor with its worst element 1.2 ulp off, 2026-11-29), so their allowance
+# row: 3.24x the floor with its worst element 1.2 ulp off), so their allowance
 # widens by sqrt(SMALL_SAMPLE / n); the per-element and per-row checks do not widen.
 SMALL_SAMPLE = 64
 
@@ -83,7 +83,7 @@ def judge(metrics: Metrics, tolerance: Tolerance | None = None) -> Verdict:
     m = metrics
     widen = small_sample_factor(m.elements)
     # Logits held in fp32 cost 2^-24 of their size: where that dominates the floor (fp32
-    # outputs, |s| ~ 1e4: CPU SDPA flash, 1 - cos = 1.2e-9 at 0.12x the floor, 2026-12-01), the
+    # outputs, |s| ~ 1e4: CPU SDPA flash, 1 - cos = 1.2e-9 at 0.12x the floor), the
     # cosine allowance widens with it, as the per-element one does.
     conditioning = m.floor / m.output_floor
     min_cos = 1 - (1 - t.min_cos) * (widen * m.procedure_widening * conditioning) ** 2

@@ -5,7 +5,7 @@ beside it and go wider.
 """
 
 from fmha.oracles.sample import Sample
-from fmha.problem import DTYPE_NAMES, Problem
+from fmha.contract import DTYPE_NAMES, Problem
 
 
 def _mha(**changes) -> Problem:

@@ -14,7 +14,7 @@ import itertools
 
 import torch
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 
 HEAD_DIMS = (64, 128, 256, 512)
 QUERY_LENS = (1, 4, 32, 128)

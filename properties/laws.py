@@ -1,28 +1,20 @@
-"""Metamorphic laws of the attention contract, one function each.
-
-Each law takes (kernel, sample, device), runs the kernel on related inputs and raises
-AssertionError saying what differed, where and by how much. Laws that hold exactly are
-checked bitwise for a kernel that promises it (fmha.capabilities.PROMISES:
-`bitwise_deterministic`, `batch_invariant`) and within the verdict for one that does not.
-`run_law` drives a law with hypothesis.
+"""The contract's metamorphic laws over dense keys (contract v1), one function each, each a
+`Law` record (fmha.properties.law): what it draws and needs, the promise that makes it
+bitwise, its test and the mutant it is proven on. Those over paged and sparse caches are in
+paged_laws.py.
 """
 
 from __future__ import annotations
 
 import math
 
-import pytest
 import torch
-from hypothesis import assume, example, given, note, reject
-from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
-from fmha.capabilities import KernelEntry
-from fmha.contract import NotSupportedError
+from fmha.contract import KernelEntry
 from fmha.oracles import reference
-from fmha.oracles.check import INT_VIEW, judge_run, oracle_of, run_kernel
-from fmha.oracles.metrics import measure
+from fmha.oracles.check import judge_run, oracle_of, run_kernel
 from fmha.oracles.sample import Inputs, Sample, lay_out
-from fmha.oracles.verdict import TOLERANCES, judge, two_sided
+from fmha.properties.law import assert_agrees, assert_bitwise, assert_same, law, variant
 
 
 def _call(kernel: KernelEntry, x: Inputs, q=None, k=None, v=None, **changes):
@@ -30,75 +22,18 @@ def _call(kernel: KernelEntry, x: Inputs, q=None, k=None, v=None, **changes):
     return kernel(x.q if q is None else q, x.k if k is None else k, x.v if v is None else v, **x.kwargs(**changes))
 
 
-def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-    """Same bits (NaN payloads included), else say how many and where the first one is."""
-    assert a.shape == b.shape, f"{what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}"
-    bits_a = a.contiguous().view(INT_VIEW.get(a.dtype, a.dtype))
-    bits_b = b.contiguous().view(INT_VIEW.get(b.dtype, b.dtype))
-    differ = bits_a != bits_b
-    if differ.any():
-        first = tuple(torch.nonzero(differ)[0].tolist())
-        raise AssertionError(f"{what}: {int(differ.sum())} of {differ.numel()} elements differ bitwise; "
-                             f"first at {first}: {a[first].item()!r} vs {b[first].item()!r}")
-
-
-def assert_agrees(o: torch.Tensor, reference_o: torch.Tensor, what: str, lse=None, reference_lse=None,
-                  scales: reference.Oracle | None = None, oracle_abs=None, perfect_o=None, logit_rms=None) -> None:
-    """Within the verdict against `reference_o`: a float64 oracle, or another kernel output,
-    whose own rounding then adds to the allowance (two_sided). `scales`, the oracle of the
-    inputs, sets the fp32 logit-rounding part of the floor and the scale of the terms each
-    output sums, the oracle over |v| (without it |reference_o|, too strict where they cancel);
-    `logit_rms` and `oracle_abs` give those two directly. `perfect_o`: an error-free kernel's
-    result through the law's procedure (metrics.measure)."""
-    reference_lse = None if reference_lse is None else reference_lse.double()
-    tolerance = TOLERANCES[o.dtype]
-    if reference_o.dtype != torch.float64:
-        tolerance = two_sided(tolerance)
-    if scales is not None:
-        logit_rms = scales.logit_rms
-        oracle_abs = scales.o_abs if oracle_abs is None else oracle_abs
-    metrics = measure(o, reference_o.double(), lse, reference_lse, logit_rms=logit_rms or 0.0, oracle_abs=oracle_abs,
-                      perfect_o=perfect_o, logit_magnitude=None if scales is None else scales.logit_magnitude,
-                      underflow=None if scales is None else scales.underflow)
-    verdict = judge(metrics, tolerance)
-    assert verdict.passed, verdict.message(what)
-
-
-def assert_same(kernel: KernelEntry, device: str, promise: str, a, b, what: str, x: Inputs) -> None:
-    """`a` and `b` ((o, lse) of two calls that must agree): both finite, then bitwise where the
-    kernel makes `promise`, else within the verdict of one kernel output against another.
-    Finite first: unread storage is NaN poison, so two runs that both read it (or both divide
-    0 by 0 for a row with no keys) would otherwise be "the same"."""
-    (o_a, lse_a), (o_b, lse_b) = a, b
-    for o, which in ((o_a, "first"), (o_b, "second")):
-        bad = ~torch.isfinite(o)
-        assert not bad.any(), (f"{what}: the {which} call's output has {int(bad.sum())} non-finite element(s), the "
-                               f"first at {tuple(bad.nonzero()[0].tolist())}: unread NaN reached the output, or a row "
-                               f"with no keys divided 0 by 0 (the contract: o = 0)")
-    if kernel.promises(device, promise):
-        assert_bitwise(o_a, o_b, f"{what} (promised {promise})")
-        if lse_a is not None and lse_b is not None:
-            assert_bitwise(lse_a, lse_b, f"{what}, lse (promised {promise})")
-    else:
-        oracle = oracle_of(x)
-        assert_agrees(o_a, o_b, f"{what} (no {promise} promise: within the verdict)", lse_a, lse_b, oracle)
-
-
-def _variant(kernel: KernelEntry, sample: Sample, device, **changes) -> Sample:
-    """The sample with a changed problem; a variant the kernel does not support is rejected."""
-    variant = sample.replace(**changes)
-    assume(not kernel.not_supported_reasons(variant.problem, device))
-    return variant
-
-
 # -- the laws -------------------------------------------------------------------------------
 
+@law(test="test_agrees_with_the_oracle", mutant="no_scale")
 def agrees_with_oracle(kernel, sample: Sample, device):
+    """A random call agrees with the float64 oracle under the verdict."""
     run = run_kernel(kernel, sample.inputs(device))
     verdict = judge_run(run, kernel=kernel)
     assert verdict.passed, verdict.message(f"{kernel.name} {sample.id}")
 
 
+@law(test="test_invisible_keys_and_storage_past_s_do_not_leak", mutant="nan_leak",
+     exact_under="bitwise_deterministic")
 def invisible_keys_do_not_leak(kernel, sample: Sample, device):
     """Keys older than every row's window, and storage past S, filled with NaN or 1e30,
     leave the output unchanged."""
@@ -114,9 +49,10 @@ def invisible_keys_do_not_leak(kernel, sample: Sample, device):
                     f"{kernel.name} {sample.id}: the {hidden} hidden keys and the storage past S = {poison}", x)
 
 
+@law(test="test_permuting_keys_and_values_together_changes_nothing", mutant="positional_bias")
 def key_permutation_invariant(kernel, sample: Sample, device):
     """Without a mask, permuting keys and values together changes nothing but rounding."""
-    sample = _variant(kernel, sample, device, causal=False, window=None)
+    sample = variant(kernel, sample, device, causal=False, window=None)
     p = sample.problem
     x = sample.inputs(device)
     perm = torch.randperm(p.kv_len, generator=torch.Generator().manual_seed(sample.seed)).to(device)
@@ -127,10 +63,11 @@ def key_permutation_invariant(kernel, sample: Sample, device):
     assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: keys permuted", lse, oracle.lse, oracle)
 
 
+@law(test="test_output_is_linear_in_v", mutant="logits_from_v", exact_under="bitwise_deterministic")
 def linear_in_v(kernel, sample: Sample, device):
     """o(2^e v) = 2^e o(v); o(v1 + v2) = o(v1) + o(v2) when v1 and v2 live in disjoint
     columns. Both are exact in floating point: bitwise for a bitwise-deterministic kernel."""
-    sample = _variant(kernel, sample, device, shared_kv=False)
+    sample = variant(kernel, sample, device, shared_kv=False)
     p = sample.problem
     x = sample.inputs(device)
     scale = 2.0 ** (4 if x.v.dtype == torch.float16 else 12)
@@ -168,7 +105,9 @@ def _unsigned_zeros(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t == 0, torch.zeros_like(t), t)
 
 
+@law(test="test_gqa_equals_mha_with_repeated_kv_heads", mutant="head_modulo", needs=("gqa",))
 def gqa_equals_mha_with_repeated_kv(kernel, sample: Sample, device):
+    """GQA equals MHA with each KV head repeated for its group of query heads."""
     p = sample.problem
     x = sample.inputs(device)
     o, lse = _call(kernel, x)
@@ -179,13 +118,18 @@ def gqa_equals_mha_with_repeated_kv(kernel, sample: Sample, device):
                   oracle_of(x))
 
 
+@law(test="test_k_is_v_equals_separate_copies", mutant="prescale_k_in_place", needs=("shared_kv",),
+     exact_under="bitwise_deterministic")
 def k_is_v_equals_copies(kernel, sample: Sample, device):
-    sample = _variant(kernel, sample, device, shared_kv=True, head_dim_v=sample.problem.head_dim)
+    """Passing one tensor as k and v equals passing k and a copy of it."""
+    sample = variant(kernel, sample, device, shared_kv=True, head_dim_v=sample.problem.head_dim)
     x = sample.inputs(device)
     assert_same(kernel, device, "bitwise_deterministic", _call(kernel, x, v=x.k), _call(kernel, x, v=x.k.clone()),
                 f"{kernel.name} {sample.id}: k is v vs a copy of k as v", x)
 
 
+@law(test="test_a_batch_row_alone_equals_the_row_in_the_batch", mutant="batch_max",
+     exact_under="batch_invariant")
 def batch_rows_independent(kernel, sample: Sample, device):
     """A batch row computed alone equals the same row inside the batch (the first, a middle
     and the last row: one call each)."""
@@ -200,13 +144,17 @@ def batch_rows_independent(kernel, sample: Sample, device):
                     f"{kernel.name} {sample.id}: batch row {b} alone vs in the batch", alone)
 
 
+@law(test="test_two_runs_give_the_same_answer", mutant="random_key_order", exact_under="bitwise_deterministic")
 def deterministic(kernel, sample: Sample, device):
+    """A second run of the same call gives the same answer."""
     x = sample.inputs(device)
     assert_same(kernel, device, "bitwise_deterministic", _call(kernel, x), _call(kernel, x),
                 f"{kernel.name} {sample.id}: second run vs first", x)
 
 
+@law(test="test_decode_row_equals_the_last_prefill_row", mutant="top_left")
 def decode_row_equals_last_prefill_row(kernel, sample: Sample, device):
+    """A decode call (the last query row alone) equals the last row of the prefill call."""
     x = sample.inputs(device)
     o, lse = _call(kernel, x)
     o_decode, lse_decode = _call(kernel, x, q=x.q[:, -1:])
@@ -214,10 +162,12 @@ def decode_row_equals_last_prefill_row(kernel, sample: Sample, device):
                   lse_decode, None if lse is None else lse[..., -1:], oracle_of(x.with_tensors(q=x.q[:, -1:])))
 
 
+@law(test="test_keys_split_anywhere_and_merged_equal_all_keys", mutant="max_merge",
+     operands="kernel+merge", needs=("lse", "sink"))
 def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
     """Attention over keys split anywhere (an empty part included) and merged with the sink
     equals attention over all keys with the sink."""
-    sample = _variant(kernel, sample, device, causal=False, window=None)
+    sample = variant(kernel, sample, device, causal=False, window=None)
     p = sample.problem
     x = sample.inputs(device)
     scale = sample.scale
@@ -247,6 +197,8 @@ def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
                   lse, oracle.lse, oracle, perfect_o=perfect_o)
 
 
+@law(test="test_merge_is_commutative_associative_and_idempotent_up_to_ln2", mutant="max_merge",
+     draws="merge", operands="merge")
 def merge_algebra(merge, sample: Sample, device):
     """Merge is commutative and associative; a part merged with itself keeps o and raises
     lse by ln 2. Parts are the oracle's over thirds of the keys, rounded as kernels return."""
@@ -285,8 +237,10 @@ def merge_algebra(merge, sample: Sample, device):
         f"got {float(gap.min()):.7f}..{float(gap.max()):.7f}")
 
 
+@law(test="test_sink_minus_infinity_equals_no_sink", mutant="sink_added_not_exp", needs=("sink",))
 def minus_infinity_sink_is_no_sink(kernel, sample: Sample, device):
-    sample = _variant(kernel, sample, device, sink=True)
+    """A sink of -inf equals no sink."""
+    sample = variant(kernel, sample, device, sink=True)
     p = sample.problem
     x = sample.inputs(device)
     o_none, lse_none = _call(kernel, x, sink=None)
@@ -295,8 +249,10 @@ def minus_infinity_sink_is_no_sink(kernel, sample: Sample, device):
                   oracle_of(x.with_tensors(sink=None)))
 
 
+@law(test="test_window_at_least_s_equals_causal", mutant="window_capped", needs=("window", "causal"))
 def window_at_least_s_is_causal(kernel, sample: Sample, device):
-    sample = _variant(kernel, sample, device, window=None, causal=True)
+    """A window of S keys or more equals causal."""
+    sample = variant(kernel, sample, device, window=None, causal=True)
     p = sample.problem
     x = sample.inputs(device)
     o_causal, lse_causal = _call(kernel, x)
@@ -305,83 +261,3 @@ def window_at_least_s_is_causal(kernel, sample: Sample, device):
         o_w, lse_w = _call(kernel, x, window=window)
         assert_agrees(o_w, o_causal, f"{kernel.name} {sample.id}: window={window} vs causal", lse_w, lse_causal,
                       oracle)
-
-
-# Every law that takes a kernel, with the contract features it needs from the kernel
-# (test_laws.py has one test per law; the kill matrix runs them against every mutant).
-KERNEL_LAWS = {
-    agrees_with_oracle: (),
-    invisible_keys_do_not_leak: (),
-    key_permutation_invariant: (),
-    linear_in_v: (),
-    gqa_equals_mha_with_repeated_kv: ("gqa",),
-    k_is_v_equals_copies: ("shared_kv",),
-    batch_rows_independent: (),
-    deterministic: (),
-    decode_row_equals_last_prefill_row: (),
-    minus_infinity_sink_is_no_sink: ("sink",),
-    window_at_least_s_is_causal: ("window", "causal"),
-    split_keys_merge_to_the_whole: ("lse", "sink"),  # also takes a merge
-}
-
-
-# The test in properties/test_laws.py that runs each law: known-failure records name it.
-LAW_TESTS = {
-    "agrees_with_oracle": "test_agrees_with_the_oracle",
-    "invisible_keys_do_not_leak": "test_invisible_keys_and_storage_past_s_do_not_leak",
-    "key_permutation_invariant": "test_permuting_keys_and_values_together_changes_nothing",
-    "linear_in_v": "test_output_is_linear_in_v",
-    "gqa_equals_mha_with_repeated_kv": "test_gqa_equals_mha_with_repeated_kv_heads",
-    "k_is_v_equals_copies": "test_k_is_v_equals_separate_copies",
-    "batch_rows_independent": "test_a_batch_row_alone_equals_the_row_in_the_batch",
-    "deterministic": "test_two_runs_give_the_same_answer",
-    "decode_row_equals_last_prefill_row": "test_decode_row_equals_the_last_prefill_row",
-    "minus_infinity_sink_is_no_sink": "test_sink_minus_infinity_equals_no_sink",
-    "window_at_least_s_is_causal": "test_window_at_least_s_equals_causal",
-    "split_keys_merge_to_the_whole": "test_keys_split_anywhere_and_merged_equal_all_keys",
-    "merge_algebra": "test_merge_is_commutative_associative_and_idempotent_up_to_ln2",
-}
-
-
-# -- driving a law with hypothesis -----------------------------------------------------------
-
-def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings=None, pinned=()) -> None:
-    """Run `law(*operands, sample, device)` on the `pinned` samples, then on samples from
-    `strategy`; a failure prints the shrunk sample, the `reproduce` command and the @example
-    line that pins it. A call the kernel refuses with NotSupportedError rejects that sample;
-    when every sample is refused, the test is skipped with the kernel's reasons."""
-    refused = []
-
-    @given(sample=strategy)
-    def check(sample):
-        note(f"reproduce: {reproduce}\npin it: @example(sample={sample!r})" if reproduce
-             else f"pin it: @example(sample={sample!r})")
-        try:
-            law(*operands, sample, device)
-        except NotSupportedError as e:
-            refused.append(str(e))
-            reject()
-
-    for sample in pinned:
-        check = example(sample=sample)(check)
-    try:
-        (settings(check) if settings is not None else check)()
-    except (Unsatisfiable, FailedHealthCheck):
-        if not refused:
-            raise
-        pytest.skip(f"the kernel refused the samples it was given (NotSupportedError): {refused[0]}")
-
-
-def require(kernel: KernelEntry, device: str, *features: str) -> None:
-    """Skip, with the kernel's reason, when a law needs what the kernel does not have."""
-    caps = kernel.capabilities_on(device)
-    missing = [f for f in features if f not in caps.features]
-    unavailable = kernel.availability(device)
-    if unavailable or device not in caps.devices:
-        pytest.skip(f"{kernel.name}: {unavailable or f'no {device} kernel'}")
-    if "dense" not in caps.sources:
-        pytest.skip(f"{kernel.name}: these laws call with dense keys; the kernel declares "
-                    f"{', '.join(sorted(caps.sources))} (Capabilities.sources)")
-    if missing:
-        pytest.skip(f"{kernel.name}: this law needs {', '.join(missing)} ("
-                    + "; ".join(caps.notes.get(f, f"no {f} support") for f in missing) + ")")

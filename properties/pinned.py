@@ -5,31 +5,31 @@ for the kernels that still fail them."""
 import torch
 
 from fmha.oracles.sample import Sample
-from fmha.problem import Problem
+from fmha.contract import Problem
 
 PINNED = {
-    # SDPA math and CPU flash: 0 * NaN from a key no row can see (2026-11-29).
+    # SDPA math and CPU flash: 0 * NaN from a key no row can see.
     "invisible_keys_do_not_leak": [
         Sample(problem=Problem(batch=1, q_len=1, kv_len=2, heads_q=1, heads_kv=1, head_dim=16, window=1)),
     ],
-    # SDPA math: a batch row's bits depend on the batch size (2026-11-29).
+    # SDPA math: a batch row's bits depend on the batch size.
     "batch_rows_independent": [
         Sample(problem=Problem(batch=3, q_len=1, kv_len=993, heads_q=14, heads_kv=2, head_dim=32), seed=1),
     ],
-    # fmha triton: sink = -inf on rows with nothing visible gave NaN (exp2(-inf - -inf)),
-    # fixed 2026-11-29.
+    # fmha triton: sink = -inf on rows with nothing visible gave NaN (exp2(-inf - -inf))
+    # before it was fixed.
     "minus_infinity_sink_is_no_sink": [
         Sample(problem=Problem(batch=2, q_len=300, kv_len=16, heads_q=4, heads_kv=2, head_dim=160, causal=True, sink=True),
                distribution='peaky', seed=718, q_storage='strided', k_storage='strided', v_storage='strided'),
     ],
-    # Found on an H200 by random draws, 2026-11-29; the fixes were in the checks, not the
+    # Found on an H200 by random draws; the fixes were in the checks, not the
     # kernel. linear_in_v: an fp16 output just below the smallest normal rounded up to it,
     # and passed the "normal outputs only" filter.
     "linear_in_v": [
         Sample(problem=Problem(batch=3, q_len=31, kv_len=1, heads_q=6, heads_kv=2, head_dim=112, dtype=torch.float16, sink=True),
                distribution='peaky'),
         # A sink that drowns rows: o(v) = -0 where o(v1) + o(v2) = +0 (H200 nightly profile,
-        # the Gluon and the Triton kernel alike, 2026-11-30; zeros now compare by value).
+        # the Gluon and the Triton kernel alike; zeros now compare by value).
         Sample(problem=Problem(batch=1, q_len=44, kv_len=64, heads_q=1, heads_kv=1, head_dim=512, window=1, sink=True),
                distribution='large_logits', seed=484),
     ],
@@ -38,7 +38,7 @@ PINNED = {
     "agrees_with_oracle": [
         # Logits near 0.5 summed from terms near 1e4 (large_logits with 28 heads, batch 33): fp32
         # rounding put the lse 2.2e-4 off in fmha and SDPA flash alike; the lse check now allows
-        # what fp32 logits cost (oracles/metrics.py, LOGIT_ROUNDING; CPU, 2026-12-01).
+        # what fp32 logits cost (oracles/metrics.py, LOGIT_ROUNDING; CPU).
         Sample(problem=Problem(batch=33, q_len=16, kv_len=1, heads_q=28, heads_kv=4, head_dim=32, dtype=torch.float16),
                distribution='large_logits'),
         # fp32 outputs at scale 1.0, |s| ~ 1e4: 1 - cos = 1.2e-9 at 0.12x the floor (SDPA flash); the
@@ -46,7 +46,7 @@ PINNED = {
         Sample(problem=Problem(batch=3, q_len=85, kv_len=50, heads_q=1, heads_kv=1, head_dim=48, dtype=torch.float32),
                scale=1.0, distribution='large_logits', seed=41),
         # A sink takes all but ~2^-130 of some rows' weight: fp32 weights flush to zero on a GPU
-        # and outputs near 2^-125 come out 55 units off (H200, fmha, 2026-12-01); the oracle's
+        # and outputs near 2^-125 come out 55 units off (H200, fmha); the oracle's
         # underflow now allows what that costs (oracles/reference.py).
         Sample(problem=Problem(batch=160, q_len=15, kv_len=1, heads_q=1, heads_kv=1, head_dim=32, sink=True,
                                shared_kv=True), scale=1.0, distribution='peaky'),
@@ -59,7 +59,7 @@ PINNED = {
         Sample(problem=Problem(batch=1, q_len=138, kv_len=96, heads_q=1, heads_kv=1, head_dim=16),
                distribution='iota_v'),
         # Parts that cancel: measured against |o| instead of the parts' magnitudes (H200
-        # nightly profile, both merges, 2026-11-30; the CPU fails the same way).
+        # nightly profile, both merges; the CPU fails the same way).
         Sample(problem=Problem(batch=1, q_len=11, kv_len=487, heads_q=1, heads_kv=1, head_dim=16),
                distribution='iota_v'),
     ],
@@ -72,7 +72,7 @@ PINNED = {
         Sample(problem=Problem(batch=1, q_len=187, kv_len=21, heads_q=1, heads_kv=1, head_dim=16),
                distribution='iota_v', seed=1),
         # The same in one 16-element row, where the RMS floor (of |o| alone) failed even the
-        # exact parts rounded: it now adds their rounding (H200 random draw, 2026-11-30).
+        # exact parts rounded: it now adds their rounding (H200 random draw).
         Sample(problem=Problem(batch=1, q_len=1, kv_len=17, heads_q=1, heads_kv=1, head_dim=16),
                distribution='iota_v', seed=31),
     ],

@@ -18,10 +18,10 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from fmha.capabilities import Capabilities
+from fmha.contract import Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.sample import STORAGES, Sample
-from fmha.problem import Problem
+from fmha.contract import Problem
 
 # Sequence lengths at tile sizes +- 1 (16 to 1024), drawn on purpose next to uniform ones.
 TILE_EDGES = sorted({n + d for n in (16, 32, 64, 128, 256, 512, 1024) for d in (-1, 0, 1)})
@@ -35,14 +35,14 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # Budget per call, per device. Work: B * Hq * T * S * (D + Dv), what the oracle and an
 # eager kernel pay. Logits: B * Hq * T * S, the float64 oracle's memory (a few tensors of 8
 # bytes each; on an H200 with 16 workers, 2^24 keeps each worker near 1 GB: larger draws ran
-# it out of memory, 2026-12-01). Tiles: what the Triton interpreter pays, about 6 ms per 32
-# rows x 64 keys x 256 head-dim columns whatever else is drawn (CPU, 2026-12-01), counted for
+# it out of memory). Tiles: what the Triton interpreter pays, about 6 ms per 32
+# rows x 64 keys x 256 head-dim columns whatever else is drawn (CPU), counted for
 # the MHA layout because the GQA law runs that too. Keys: B * Hq * S * (D + Dv), the float64
 # K and V the oracle repeats for every query head (at 2^27, 1 GB each; decode draws of
-# 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out, 2026-12-01). Rows:
+# 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out). Rows:
 # B * Hq * T * (D + Dv), the float64 Q and O (the work budget bounds it on the CPU; on a GPU
 # few keys let 160 x 64 heads x 300 queries x 1024 dims through: 12 GB of float64 Q, and the
-# nightly profile's draws filled every worker's 8 GB share, 2026-12-01). At 2^27 each a
+# nightly profile's draws filled every worker's 8 GB share). At 2^27 each a
 # law's runs and oracles still passed a worker's 6.1 GB share (0.7 of an H200 over 16): 2^26.
 WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
 LOGIT_BUDGET = {"cpu": 2**22, "cuda": 2**24}

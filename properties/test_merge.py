@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.oracles import reference
 from fmha.oracles.sample import Sample
 from fmha.oracles.metrics import measure

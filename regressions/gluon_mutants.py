@@ -1,5 +1,5 @@
-"""Mutants of the Gluon kernels (fmha.gluon_attention, bf16 head dim 512 on Hopper, and
-fmha.gluon_sparse, DSV4's sparse decode): seed bugs and shipped sparse-decode bugs put back
+"""Mutants of the Gluon kernels (fmha.kernels.gluon_dense, bf16 head dim 512 on Hopper, and
+fmha.kernels.gluon_sparse, DSV4's sparse decode): seed bugs and shipped sparse-decode bugs put back
 into their code, each with the trap it belongs to; the head-dim-512 reproducers (dense) and
 the trap's own cases (sparse) must catch them.
 
@@ -9,7 +9,7 @@ regressions/test_gluon_mutants.py runs them on a Hopper GPU (the GPU tier).
 
 from __future__ import annotations
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_gluon_kernel, patched_gluon_sparse_kernel
 from fmha.regressions.trap import reproducer
 

@@ -12,8 +12,8 @@ import multiprocessing
 import signal
 
 START_TIMEOUT_S = 300  # imports (torch, triton) on a cold machine
-# The kernel itself, its first compiles included (about 5 s each on a loaded GPU runner,
-# 2026-12-01): a hang costs its test this long, so it is no longer than that needs.
+# The kernel itself, its first compiles included (about 5 s each on a loaded GPU runner): a
+# hang costs its test this long, so it is no longer than that needs.
 CASE_TIMEOUT_S = {"cpu": 5, "cuda": 20}
 
 

@@ -17,16 +17,15 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from fmha import host, triton_attention
-from fmha.capabilities import KernelEntry
+from fmha.contract import KernelEntry, cache_layouts, pages
+from fmha.kernels import host, triton_dense
+from fmha.oracles import key_sources, metrics, paging, quantization, reference_kernel, verdict
+from fmha.properties import laws, paged_laws, paged_strategies, strategies
+from fmha.properties.catalog import LAWS
+from fmha.properties.law import Law
 from fmha.registry import MERGES
+from fmha.regressions import paged_cases, paged_mutants
 from fmha.tables import Table
-from fmha.adapters import paged
-from fmha.oracles import metrics, paging, quantization, sources, verdict
-from fmha.properties import laws, source_laws, source_strategies
-from fmha.properties.source_strategies import source_samples
-from fmha.properties.strategies import samples
-from fmha.regressions import source_cases, source_mutants
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.mutation import Mutant
 from fmha.regressions.trap import Trap, check_case
@@ -50,7 +49,9 @@ def is_v2(trap: Trap) -> bool:
 
 
 def laws_for(trap: Trap) -> tuple:
-    return tuple(source_laws.SOURCE_LAWS) if is_v2(trap) else tuple(laws.KERNEL_LAWS)
+    """The laws a trap's mutant is tried on: those over its kind of keys (a merge law takes no kernel)."""
+    draws = "paged" if is_v2(trap) else "dense"
+    return tuple(law for law in LAWS.values() if law.draws == draws)
 
 
 # A v2 mutant is the eager float64 reference with one bug: its laws cost seconds, not the
@@ -65,21 +66,14 @@ def examples_for(trap: Trap, law_examples: int) -> int:
 def law_failure(kernel: KernelEntry, law, device: str, max_examples: int) -> str | None:
     """The law's first counterexample on `kernel` (unshrunk), None when it holds, or
     'n/a: ...' when the kernel lacks what the law needs."""
-    try:
-        if law in source_laws.SOURCE_LAWS:
-            _, kinds, needs = source_laws.SOURCE_LAWS[law]
-            source_laws.require(kernel, device, kinds, needs)
-            strategy = source_samples(kernel.capabilities_on(device), device, kinds=kinds, needs=needs)
-        else:
-            laws.require(kernel, device, *laws.KERNEL_LAWS[law])
-            strategy = samples(kernel.capabilities_on(device), device)
-    except pytest.skip.Exception as e:
-        return f"n/a: {e.msg}"
-    operands = (kernel, MERGES["torch-merge"]) if law is laws.split_keys_merge_to_the_whole else (kernel,)
     quick = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
                      phases=[Phase.generate], report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
     try:
-        laws.run_law(law, strategy, *operands, device=device, settings=quick)
+        law.require(kernel, device)
+    except pytest.skip.Exception as e:
+        return f"n/a: {e.msg}"
+    try:
+        law.run(device, kernel, MERGES["torch-merge"], settings=quick)
     except pytest.skip.Exception:
         return None
     except Exception as e:  # noqa: BLE001 -- AssertionError or a crash: either way the law caught it
@@ -117,7 +111,7 @@ def mutant_row(name: str, device: str, law_examples: int) -> Row:
                 continue
             row.laws_run += 1
             if failure:
-                row.laws_caught.append(law.__name__)
+                row.laws_caught.append(law.name)
     row.seconds = time.perf_counter() - start
     row.device = device
     return row
@@ -128,9 +122,9 @@ def row_key(name: str, law_examples: int) -> str:
     the kernel it patches, the laws, the verdict they apply or the number of draws. Not the
     device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
     trap = TRAPS[MUTANTS[name].trap]
-    judged_by = (source_mutants, source_cases, paged, source_laws, source_strategies, sources, paging,
-                 quantization) if is_v2(trap) else (triton_attention, host, laws)
-    parts = [TRAP_FILES[trap.id], *(inspect.getsourcefile(m) for m in (*judged_by, metrics, verdict))]
+    judged_by = (paged_mutants, paged_cases, reference_kernel, paged_laws, paged_strategies, key_sources, paging,
+                 quantization, cache_layouts, pages) if is_v2(trap) else (triton_dense, host, laws, strategies)
+    parts = [TRAP_FILES[trap.id], *(inspect.getsourcefile(m) for m in (*judged_by, Law, metrics, verdict))]
     digest = hashlib.sha1(f"{name} {examples_for(trap, law_examples)}".encode())
     for path in parts:
         with open(path, "rb") as f:
@@ -189,9 +183,9 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
         "put back (regressions/traps/). CI asserts the diagonal (every mutant fails every case of its",
         "own trap) and that correct kernels pass every case (tests/test_kill_matrix.py, regressions/test_traps.py); this page shows",
         "what else catches each bug, including the generic property suite (the metamorphic laws of",
-        "properties/laws.py, or for a contract-v2 trap those of properties/source_laws.py; first",
+        "properties/laws.py, or for a contract-v2 trap those of properties/paged_laws.py; first",
         f"counterexample of a few hypothesis draws each, {V2_LAW_EXAMPLES} for a v2 law). A v2 mutant is the float64",
-        "reference kernel with one paged or sparse bug (regressions/source_mutants.py).",
+        "reference kernel with one paged or sparse bug (regressions/paged_mutants.py).",
         "",
     ]
     table = Table(["mutant", "bug", "its own trap's cases", "other traps' cases that catch it",
@@ -213,6 +207,7 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
     for name, failures in correct.items():
         correct_table.add(name, "; ".join(failures) if failures else "0")
     out += ["", "## Correct kernels on every named case", "", correct_table.markdown()]
-    out += ["", f"Laws run: {', '.join(law.__name__ for law in laws.KERNEL_LAWS)}.",
-            f"Contract-v2 laws run: {', '.join(law.__name__ for law in source_laws.SOURCE_LAWS)}.", ""]
+    for draws, what in (("dense", "Laws run on dense-key mutants"), ("paged", "Laws run on paged and sparse mutants")):
+        out.append(f"{what}: {', '.join(law.name for law in LAWS.values() if law.draws == draws)}.")
+    out.append("")
     return "\n".join(out)

@@ -8,7 +8,7 @@ anything fmha.registry.resolve_kernel takes.
 
 from __future__ import annotations
 
-from fmha.capabilities import KernelEntry
+from fmha.contract import KernelEntry
 from fmha.registry import resolve_kernel
 
 # regressions.traps is imported inside the functions: a trap module may itself use resolve()

@@ -20,8 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
-from fmha import dispatch, triton_attention
-from fmha.capabilities import KernelEntry
+from fmha.kernels import triton_dense
+from fmha.contract import KernelEntry
 
 
 class MutationError(RuntimeError):
@@ -52,7 +52,7 @@ def _mutant_dir() -> str:
 
 
 def patch_source(source: str, patches: tuple[tuple[str, str], ...], name: str,
-                 path: str = "fmha/triton_attention.py") -> str:
+                 path: str = "fmha/triton_dense.py") -> str:
     for old, new in patches:
         count = source.count(old)
         if count != 1:
@@ -82,33 +82,34 @@ def _import_patched(prefix: str, name: str, source: str):
     return sys.modules[module_name]
 
 
+def _patched_entry(prefix: str, name: str, module, patches) -> KernelEntry:
+    """`module`'s kernel entry with `patches` ((old, new) source snippets) applied, as mutant
+    `name`: its capabilities and availability are the patched module's."""
+    path = f"fmha/kernels/{module.__name__.rsplit('.', 1)[-1]}.py"
+    patched = _import_patched(prefix, name, patch_source(inspect.getsource(module), patches, name, path))
+    return dataclasses.replace(patched.ENTRY, name=f"mutant:{name}", description=f"regressions mutant {name}")
+
+
 def patched_triton_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
-    """fmha's Triton kernel with `patches` ((old, new) source snippets) applied, run where
-    fmha.attention would hand the problem to the Gluon one too (bf16 head dim 512 on Hopper)."""
-    module = _import_patched("_mutant", name, patch_source(inspect.getsource(triton_attention), patches, name))
-    return wrapped_kernel(name, dispatch.only(module.IMPLEMENTATION), module.CAPABILITIES)
+    """fmha's dense Triton kernel with `patches` applied, run where fmha.attention would hand
+    the problem to the Gluon one too (bf16 head dim 512 on Hopper)."""
+    return _patched_entry("_mutant", name, triton_dense, patches)
 
 
 def patched_gluon_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
-    """fmha's Gluon kernel with `patches` applied (Hopper GPUs only)."""
-    from fmha import gluon_attention
+    """fmha's dense Gluon kernel with `patches` applied (Hopper GPUs only)."""
+    from fmha.kernels import gluon_dense
 
-    module = _import_patched("_mutant_gluon", name, patch_source(
-        inspect.getsource(gluon_attention), patches, name, "fmha/gluon_attention.py"))
-    entry = wrapped_kernel(name, dispatch.only(module.IMPLEMENTATION), module.CAPABILITIES)
-    return dataclasses.replace(entry, availability=module.availability)
+    return _patched_entry("_mutant_gluon", name, gluon_dense, patches)
 
 
 def patched_gluon_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
     """fmha's Gluon sparse-decode kernel with `patches` applied (Hopper GPUs only)."""
-    from fmha import gluon_sparse
+    from fmha.kernels import gluon_sparse
 
-    module = _import_patched("_mutant_gluon_sparse", name, patch_source(
-        inspect.getsource(gluon_sparse), patches, name, "fmha/gluon_sparse.py"))
-    entry = wrapped_kernel(name, dispatch.only_sources(f"mutant:{name}", module), module.CAPABILITIES)
-    return dataclasses.replace(entry, availability=module.availability)
+    return _patched_entry("_mutant_gluon_sparse", name, gluon_sparse, patches)
 
 
 def wrapped_kernel(name: str, fn: Callable, capabilities=None) -> KernelEntry:
-    return KernelEntry(name=f"mutant:{name}", fn=fn, capabilities=capabilities or triton_attention.CAPABILITIES,
+    return KernelEntry(name=f"mutant:{name}", fn=fn, capabilities=capabilities or triton_dense.CAPABILITIES,
                        description=f"regressions mutant {name}")

@@ -14,7 +14,7 @@ import re
 import torch
 
 from fmha.oracles.sample import Sample
-from fmha.problem import Problem
+from fmha.contract import Problem
 
 TRAPS_DIR = os.path.join(os.path.dirname(__file__), "traps")
 _ID = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -27,7 +27,7 @@ Root cause: {root_cause}
 import torch  # noqa: F401  (the reproducer's dtype)
 
 from fmha.oracles.sample import Sample
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.trap import Trap
 
 TRAP = Trap(

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from fmha.problem import DTYPE_NAMES, Problem
+from fmha.contract import DTYPE_NAMES, Problem
 from fmha.oracles.metrics import MANTISSA_BITS
 
 # Round-to-nearest-even leaves a median error of 0 ulp, truncation -0.5 ulp toward zero. The
 # median, because elements near zero (cancellation) carry errors of tens of ulps in a correct
 # kernel (CPU SDPA flash: mean +0.43, std 57, median -0.002 ulp on the rounding-mode case).
-# Measured medians of correct kernels on that case, seeds 0-2, CPU, 2026-11-29: triton,
+# Measured medians of correct kernels on that case, seeds 0-2, CPU: triton,
 # sdpa-math and sdpa-flash all within ±0.01 ulp; the truncating mutant -0.5.
 MAX_ROUNDING_BIAS_ULP = 0.15
 

@@ -3,7 +3,7 @@ declares (a case outside a kernel's capabilities is a skip carrying the kernel's
 
 import pytest
 
-from fmha.problem import DTYPE_NAMES
+from fmha.contract import DTYPE_NAMES
 from fmha.regressions.trap import check_case
 from fmha.regressions.traps import TRAPS
 

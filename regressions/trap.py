@@ -13,10 +13,10 @@ from typing import Callable
 
 import torch
 
-from fmha.capabilities import KernelEntry
+from fmha.contract import KernelEntry
 from fmha.oracles.check import judge_run, oracle_of, run_kernel
 from fmha.oracles.sample import Sample
-from fmha.problem import Problem
+from fmha.contract import Problem
 
 # A symptom check: (kernel output, float64 oracle output, problem) -> failure text or None.
 Symptom = Callable[[torch.Tensor, torch.Tensor, Problem], "str | None"]

@@ -1,4 +1,4 @@
-"""fmha.compile_check: the kernels compiled for sm_90 on a machine without a GPU, and their
+"""fmha.kernels.compile_check: the kernels compiled for sm_90 on a machine without a GPU, and their
 tiles checked against Hopper's shared memory."""
 
 import os
@@ -18,14 +18,14 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def _over_the_limit(setup: str) -> tuple[list[str], str]:
     """compile_check for hd512 bf16 after `setup` (code that enlarges a tile): it must exit 1;
     the lines it reports over the limit, and its output."""
-    run = _run(f"import sys; from fmha.compile_check import main\n{setup}\nsys.exit(main(['512', '--dtype', 'bf16']))")
+    run = _run(f"import sys; from fmha.kernels.compile_check import main\n{setup}\nsys.exit(main(['512', '--dtype', 'bf16']))")
     assert run.returncode == 1, run.stdout + run.stderr
     return [line for line in run.stdout.splitlines() if "OVER THE LIMIT" in line], run.stdout
 
 
 @pytest.mark.timeout(600)
 def test_the_dsv4_tiles_and_the_v2_kernel_compile_for_hopper_and_fit_shared_memory():
-    run = _run("import sys; from fmha.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16', '--sources']))")
+    run = _run("import sys; from fmha.kernels.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16', '--sources']))")
     assert run.returncode == 0, run.stdout + run.stderr
     # K and V apart, and K is V, each by the Triton kernel and by the Gluon one; contract v2's
     # Triton kernel on DSV4 sparse decode and a ragged paged prefill, its Gluon one on the first.
@@ -36,7 +36,7 @@ def test_the_dsv4_tiles_and_the_v2_kernel_compile_for_hopper_and_fit_shared_memo
 @pytest.mark.timeout(600)
 def test_a_tile_too_large_for_shared_memory_is_reported():
     # Without the host's shrinking, four stages of the K-is-V hd512 tile need ~290 KB.
-    over, stdout = _over_the_limit("from fmha import triton_attention as ta\n"
+    over, stdout = _over_the_limit("from fmha.kernels import triton_dense as ta\n"
                                    "ta.SHARED_MEMORY_BYTES = 10**9; ta.SHARED_KV_TILES[512] = (128, 32, 256, 8, 4)")
     assert len(over) == 1 and "K is V: tiles (128, 32, 256, 256, 8, 4)" in over[0], stdout
 
@@ -44,7 +44,7 @@ def test_a_tile_too_large_for_shared_memory_is_reported():
 @pytest.mark.timeout(600)
 def test_a_gluon_ring_too_large_for_shared_memory_is_reported():
     # A third 64-key stage of K is V adds 64 KiB to the 225 KiB the Gluon kernel uses.
-    over, stdout = _over_the_limit("from fmha import gluon_attention as ga\nga.STAGES_K_IS_V = (3, 3)")
+    over, stdout = _over_the_limit("from fmha.kernels import gluon_dense as ga\nga.STAGES_K_IS_V = (3, 3)")
     assert len(over) == 1 and over[0].startswith("D=512 bf16 K is V, Gluon"), stdout
 
 
@@ -53,7 +53,7 @@ def test_fp32_tiles_keep_their_dots_in_registers():
     # The driver reserves each thread's stack for every thread a GPU can hold, per process and
     # for good: hd256 fp32 spilled 19 KB a thread before FP32_TILES, 5 GB of local memory each
     # process held outside PyTorch's allocator (the nightly profile ran an H200 out of memory).
-    run = _run("import sys; from fmha.compile_check import main; sys.exit(main(['256', '--dtype', 'fp32']))")
+    run = _run("import sys; from fmha.kernels.compile_check import main; sys.exit(main(['256', '--dtype', 'fp32']))")
     assert run.returncode == 0, run.stdout + run.stderr
     stacks = [int(line.rsplit("stack ", 1)[1].split()[0]) for line in run.stdout.splitlines() if "stack" in line]
     assert len(stacks) == 2 and max(stacks) <= 256, run.stdout

@@ -25,19 +25,19 @@ def test_compiles_loads_and_seconds_are_counted_per_kernel_and_mutants_as_one():
     try:
         stats.install()
         listen = triton.knobs.compilation.listener
-        listen(src=_src("fmha.triton_attention", "_attention_fwd"), metadata={}, metadata_group={},
+        listen(src=_src("fmha.kernels.triton_dense", "_attention_fwd"), metadata={}, metadata_group={},
                times=_times(2_000_000, 1_500_000), cache_hit=False)
-        listen(src=_src("fmha.triton_attention", "_attention_fwd"), metadata={}, metadata_group={},
+        listen(src=_src("fmha.kernels.triton_dense", "_attention_fwd"), metadata={}, metadata_group={},
                times=_times(), cache_hit=True)
         listen(src=_src("fmha._mutant_normalize_twice_0123", "_attention_fwd"), metadata={}, metadata_group={},
                times=_times(), cache_hit=False)
     finally:
         triton.knobs.compilation.listener = previous
     assert seen == [False, True, False]  # a listener installed before ours still hears every call
-    assert dict(stats.by_kernel) == {"triton_attention._attention_fwd": [1, 5.0, 1],
+    assert dict(stats.by_kernel) == {"triton_dense._attention_fwd": [1, 5.0, 1],
                                      "regressions mutants._attention_fwd": [1, 1.5, 0]}
     worker = {"triton_merge._merge_kernel": [2, 3.0, 0]}
     stats.add(worker)
     summary = stats.summary()
     assert summary.startswith("fmha: Triton compiled 4 kernels in 9.5 s of compile time (1 more loaded from its cache)")
-    assert "triton_attention._attention_fwd 1 (5.0 s)" in summary and "triton_merge._merge_kernel 2 (3.0 s)" in summary
+    assert "triton_dense._attention_fwd 1 (5.0 s)" in summary and "triton_merge._merge_kernel 2 (3.0 s)" in summary

@@ -9,7 +9,7 @@ import torch
 
 import fmha
 from fmha import ContractError, NotSupportedError, check_attention_args, check_merge_args
-from fmha.capabilities import Capabilities
+from fmha.contract import Capabilities
 from fmha.registry import KERNELS
 
 sdpa_math = KERNELS["sdpa-math"]

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from fmha.adapters import conventions
-from fmha.capabilities import Capabilities, KernelEntry
+from fmha.contract import Capabilities, KernelEntry
 from fmha.oracles import reference
 from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
-from fmha.problem import FEATURES, Problem
+from fmha.contract import FEATURES, Problem
 
 
 def flashmla_style(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):

@@ -5,7 +5,7 @@ own kernels pass (the trap cases: regressions/test_traps.py)."""
 import pytest
 import torch
 
-from fmha import gluon_attention, gluon_sparse
+from fmha.kernels import gluon_dense, gluon_sparse
 from fmha.registry import resolve_kernel
 from fmha.regressions.gluon_mutants import CASES, MUTANTS, SPARSE_MUTANTS
 from fmha.regressions.trap import check_case
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.regression
 
 @pytest.fixture
 def hopper(device):
-    reasons = gluon_attention.IMPLEMENTATION.not_supported_reasons(CASES[0].problem, torch.device(device))
+    reasons = gluon_dense.ENTRY.not_supported_reasons(CASES[0].problem, torch.device(device))
     if reasons:
         pytest.skip(f"the Gluon kernel does not run here: {'; '.join(reasons)}")
     return device
@@ -47,7 +47,7 @@ def test_gluon_mutant_is_caught(mutant, hopper):
 @pytest.mark.parametrize("mutant", SPARSE_MUTANTS, ids=lambda m: m.name)
 def test_gluon_sparse_mutant_is_caught(mutant, hopper):
     cases = [case for case in TRAPS[mutant.trap].cases
-             if not gluon_sparse.not_supported_reasons(case.problem, hopper)]
+             if not gluon_sparse.ENTRY.not_supported_reasons(case.problem, hopper)]
     assert cases, f"the Gluon sparse kernel runs none of trap {mutant.trap}'s cases"
     failures = {case.id: check_case(mutant.kernel(), case, hopper) for case in cases}
     assert any(failures.values()), (f"mutant {mutant.name} ({mutant.bug}) passes every case of its trap "

@@ -1,15 +1,16 @@
-"""fmha.gluon_sparse on a Hopper GPU: its e4m3 dequantization against torch's float8_e4m3fn and
+"""fmha.kernels.gluon_sparse on a Hopper GPU: its e4m3 dequantization against torch's float8_e4m3fn and
 its e2m1 one against the oracle's table (every code, at scales from 2^-127 to NaN, bit for bit),
 and rows with no key at all."""
 
 import pytest
 import torch
 
-from fmha import gluon_attention, gluon_sparse
+from fmha.kernels import gluon_dense, gluon_sparse
+from fmha.contract import cache_layouts
 from fmha.oracles import quantization
 from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
-from fmha.regressions.source_cases import SPARSE
+from fmha.regressions.paged_cases import SPARSE
 from fmha.registry import resolve_kernel
 
 pytestmark = pytest.mark.gpu
@@ -48,8 +49,8 @@ SCALE_CODES = (0, 1, 20, 100, 127, 134, 140, 200, 254, 255)
 
 @pytest.fixture
 def hopper(device):
-    if gluon_attention.availability(device):
-        pytest.skip(gluon_attention.availability(device))
+    if gluon_dense.availability(device):
+        pytest.skip(gluon_dense.availability(device))
     return device
 
 
@@ -88,8 +89,8 @@ def test_e2m1_decoder_matches_the_oracle(low_high, hopper):
     _decode_fp4_tile[(1,)](codes, low, high, out, num_warps=gluon_sparse.GATHER_WARPS.value)
     # Column 2j is byte j's low nibble, 2j + 1 its high one; columns 0-31 take the low scale.
     nibbles = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(4, keys, 64)
-    scale = torch.tensor([quantization.UE8M0.values[code] for code in low_high], dtype=torch.float64, device=device)
-    expected = quantization.decode(nibbles, quantization.E2M1) * scale.repeat_interleave(32)
+    scale = torch.tensor([cache_layouts.UE8M0.values[code] for code in low_high], dtype=torch.float64, device=device)
+    expected = quantization.decode(nibbles, cache_layouts.E2M1) * scale.repeat_interleave(32)
     expected = expected.to(torch.bfloat16)
     bad = _bitwise_mismatch(out, expected)
     assert bad.numel() == 0, (
@@ -109,6 +110,6 @@ NO_KEY_ROWS = [
 
 @pytest.mark.parametrize("sample", NO_KEY_ROWS, ids=lambda s: s.id)
 def test_rows_with_no_key(sample, hopper):
-    assert not gluon_sparse.not_supported_reasons(sample.problem, hopper)
+    assert not gluon_sparse.ENTRY.not_supported_reasons(sample.problem, hopper)
     verdict = check_sample(resolve_kernel("gluon-sparse"), sample, hopper)
     assert verdict.passed, verdict.message(f"gluon-sparse {sample.id}")

@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.cpu_tier  # the gate on --fmha-device cpu: nightly on CUDA
 
 RAISING = textwrap.dedent('''
-    from fmha.adapters.paged import REFERENCE, reference
+    from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, reference
 
     def fwd(q, k, v, **kwargs):  # the float64 reference: every run it returns is at the gate
         if q.shape[-1] == 256:

@@ -1,6 +1,6 @@
 """Contract v2 end to end on the CPU: samples (paged, ragged, index-sparse, two scopes,
 quantized caches) through a kernel and the verdict. The reference kernel, fmha's
-(fmha.triton_sources, interpreted) and the gather-then-SDPA adapter pass, and the reference
+(fmha.kernels.triton_paged, interpreted) and the gather-then-SDPA adapter pass, and the reference
 passes every v2 named case (fmha's own run of them: regressions/test_traps.py). The kernels with
 the bugs paged and sparse kernels have shipped fail those cases: tests/test_kill_matrix.py,
 the diagonal (each v2 trap's cases on its mutant)."""
@@ -10,7 +10,7 @@ import torch
 
 from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
-from fmha.regressions.source_cases import PAGED, SPARSE, TWO_SCOPES
+from fmha.regressions.paged_cases import PAGED, SPARSE, TWO_SCOPES
 from fmha.regressions.trap import check_case
 from fmha.regressions.traps import TRAPS
 from fmha.registry import KERNELS

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_STYLE = textwrap.dedent('''
     import math
     import torch
-    from fmha.capabilities import Capabilities
+    from fmha.contract import Capabilities
 
     def unified_attention(q, k_cache, v_cache, *, block_table, kv_lens, cu_seqlens_q=None, scale=None,
                           causal=False, window=None, sink=None, out=None, last_page_whole=False):
@@ -85,7 +85,7 @@ def test_a_paged_plugin_runs_the_whole_suite_the_dense_tests_skip_and_the_v2_law
 
 
 def test_the_same_kernel_reading_its_last_partial_page_whole_fails_the_v2_laws(plugged):
-    result = plugged.runpytest(str(ROOT / "properties" / "test_source_laws.py"), "-p", "no:cacheprovider",
+    result = plugged.runpytest(str(ROOT / "properties" / "test_laws.py"), "-p", "no:cacheprovider",
                                "--fmha-kernel=vllm_style:last_page_whole", "--fmha-device=cpu",
                                "-k", "unread or request_alone")
     out = result.stdout.str()

@@ -184,7 +184,7 @@ def test_a_missing_attribute_is_a_usage_error(plugged):
 
 def test_unsupported_combinations_are_skips_carrying_the_kernels_reason(plugged):
     plugged.makepyfile(limited_kernels=textwrap.dedent('''
-        from fmha.capabilities import Capabilities
+        from fmha.contract import Capabilities
         from plugged_kernels import correct
 
         def limited(*args, **kwargs):

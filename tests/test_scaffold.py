@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.oracles.sample import Sample
 from fmha.regressions.cli import main
 from fmha.regressions.mutants import resolve

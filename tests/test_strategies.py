@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
-from fmha.capabilities import FULL_CONTRACT
+from fmha.contract import FULL_CONTRACT
 from fmha.properties.strategies import problems
 
 ORACLE_ELEMENTS = {"cpu": 2**26, "cuda": 2**27}

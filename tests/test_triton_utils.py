@@ -1,10 +1,10 @@
-"""fmha.triton_utils.round_for_bf16: what interpreted kernels store for bf16 outputs."""
+"""fmha.kernels.triton_utils.round_for_bf16: what interpreted kernels store for bf16 outputs."""
 
 import torch
 import triton
 import triton.language as tl
 
-from fmha.triton_utils import round_for_bf16
+from fmha.kernels.triton_utils import round_for_bf16
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def test_a_process_that_compiles_for_the_gpu_refuses_cpu_tensors_saying_why(monk
     """On a CUDA machine fmha compiles; `--fmha-device cpu` there must skip its Triton kernels
     and merge with the reason, not fail in Triton's launcher ("cpu tensor?")."""
     from fmha.registry import KERNELS, MERGES
-    from fmha.triton_utils import triton_availability
+    from fmha.kernels.triton_utils import triton_availability
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert "TRITON_INTERPRET=1" in triton_availability("cpu")

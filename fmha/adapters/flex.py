@@ -5,7 +5,7 @@ The contract's bottom-right causal and window masks become a block mask; GQA use
 (o *= exp(lse - L), L = logaddexp(lse, sink)). Flex works in base-2 internally but returns
 the natural-log LSE. On the CPU, Inductor's C++ backend compiles it (about 20 s the first
 time), without LSE. torch.compile builds a kernel per shape (10-270 s each on an H200's
-runner, 2026-12-01), which alone took a cold GPU run of the suite past its budget, so Flex is
+runner), which alone took a cold GPU run of the suite past its budget, so Flex is
 in no default selection: pass `--fmha-kernel flex` (the nightly workflow does). A shape for
 which Inductor finds no kernel (NoValidChoicesError: fp16/fp32 head dim 64 with 32 query rows
 on one KV head, torch 2.11) is a NotSupportedError carrying Inductor's reason.
@@ -18,9 +18,9 @@ import functools
 
 import torch
 
-from fmha.capabilities import Capabilities, KernelEntry
+from fmha.contract import Capabilities, KernelEntry
 from fmha.contract import NotSupportedError, check_attention_args
-from fmha.merge_torch import add_sink
+from fmha.kernels.torch_merge import add_sink
 
 POWERS_OF_TWO = (16, 32, 64, 128, 256, 512)
 

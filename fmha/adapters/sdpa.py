@@ -19,16 +19,16 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from fmha.capabilities import Capabilities, KernelEntry
+from fmha.contract import Capabilities, KernelEntry
 from fmha.contract import NotSupportedError, check_attention_args
-from fmha.merge_torch import add_sink
+from fmha.kernels.torch_merge import add_sink
 
 NO_LSE = "SDPA's public API returns no LSE"
 NO_SINK = "SDPA has no sink term and returns no LSE to add one afterwards"
 UP_TO_256 = tuple(range(8, 257, 8))  # multiples of 8
 CUDNN_EXPANDED_Q = ("sdpa-cudnn: a q with stride-0 (expanded) heads and Dv != D is refused: cuDNN raised \"The stride "
                     "for the last dimension ... should be 1 for output_names::O\" and the same call again crashed the "
-                    "process (an H200, torch 2.11, 2026-12-01)")
+                    "process (an H200, torch 2.11)")
 
 
 def _mask(q_len: int, kv_len: int, causal: bool, window: int | None, device) -> torch.Tensor | None:
@@ -160,7 +160,7 @@ ENTRIES = [
             features=frozenset({"causal", "window", "gqa", "shared_kv"}), empty_rows=False,
             notes={"device": "cuDNN attention is CUDA only", "lse": NO_LSE, "sink": NO_SINK,
                    "empty_rows": "cuDNN returns garbage (|o| up to 1e40) in rows with no visible key "
-                                 "(measured on an H200, torch 2.11, 2026-11-29)",
+                                 "(measured on an H200, torch 2.11)",
                    "head_dim": "cuDNN SDPA stops at 256", "out": "the adapter does not take out="},
         ),
         availability=_cuda_available,

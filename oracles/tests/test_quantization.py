@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fmha.oracles import quantization as qz
-from fmha.oracles.quantization import DSV4_FP4, DSV4_FP8, E2M1, E4M3, UE8M0
+from fmha.contract.cache_layouts import DSV4_FP4, DSV4_FP8, E2M1, E4M3, UE8M0
 
 
 @pytest.mark.parametrize("element, code, value", [
@@ -154,6 +154,6 @@ def test_the_layouts_refuse_the_wrong_shape_and_bytes():
 
 
 def test_the_contracts_layout_names_are_the_layouts_here():
-    from fmha.problem import CACHE_LAYOUTS
+    from fmha.contract import CACHE_LAYOUTS
 
     assert tuple(qz.LAYOUTS) == CACHE_LAYOUTS

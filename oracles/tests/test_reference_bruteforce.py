@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.oracles import reference
 from fmha.oracles.sample import Sample
 from fmha.oracles.tests import bruteforce

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.oracles import reference
 from fmha.oracles.sample import Sample
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from fmha.problem import Problem
-from fmha.oracles import reference
+from fmha.contract import Problem
+from fmha.oracles import key_sources, reference
 from fmha.oracles.check import POISON_BITS, poisoned, still_poisoned
 from fmha.oracles.sample import Sample
 from fmha.oracles.metrics import measure
@@ -207,7 +207,7 @@ def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
     parts = [reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi]) for lo, hi in ((0, 13), (13, 17))]
     rounded = [(o.to(bf16), lse) for o, lse in parts]
     O = reference.attention(x.q, x.k, x.v)[0]
-    A = reference.oracle(x.q, x.k, x.v).o_abs
+    A = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)]).o_abs
     perfect = reference.merge(rounded)[0]
     merged = perfect.to(bf16)  # what a merge kernel returns
     assert not judge(measure(merged, O, oracle_abs=A)).passed
@@ -222,12 +222,12 @@ def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
 def test_weights_flushed_below_fp32s_smallest_normal_are_allowed_what_they_cost():
     """A sink that takes all but ~2^-130 of a row's weight: a kernel computing the weights in
     fp32 flushes them to zero (GPUs run flush-to-zero), and the row's bf16 outputs, near
-    2^-125, come out 55 units of roundoff off (the H200 measured exactly this on fmha,
-    2026-12-01; emulated here). The oracle's underflow allows it; a 1% error still fails."""
+    2^-125, come out 55 units of roundoff off (an H200 measured exactly this on fmha; emulated
+    here). The oracle's underflow allows it; a 1% error still fails."""
     sample = Sample(problem=Problem(batch=160, q_len=15, kv_len=1, heads_q=1, heads_kv=1, head_dim=32, sink=True,
                                     shared_kv=True), scale=1.0, distribution="peaky")
     x = sample.inputs()
-    oracle = reference.oracle(x.q, x.k, x.v, **x.kwargs())
+    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)], **x.kwargs())
     weights = torch.exp(reference.logits(x.q, x.k, 1.0) - oracle.lse[..., None])
     flushed = torch.where(weights < torch.finfo(torch.float32).tiny, 0.0, weights)
     o = torch.einsum("bhts,bshd->bthd", flushed, x.v.double()).to(torch.bfloat16)
@@ -241,11 +241,11 @@ def test_weights_flushed_below_fp32s_smallest_normal_are_allowed_what_they_cost(
 
 def test_lse_allows_what_fp32_logits_cost_and_no_more():
     """Logits near 0.5 summed from terms near 1e4 (large_logits, fp16): fp32 rounding of the
-    sum puts the lse ~2e-4 off in any kernel (CPU, fmha and SDPA flash alike, 2026-12-01);
+    sum puts the lse ~2e-4 off in any kernel (CPU, fmha and SDPA flash alike);
     the oracle's logit_magnitude allows that, and a base-2 lse still fails."""
     problem = Problem(batch=33, q_len=16, kv_len=1, heads_q=28, heads_kv=4, head_dim=32, dtype=torch.float16)
     x = Sample(problem=problem, distribution="large_logits").inputs()
-    oracle = reference.oracle(x.q, x.k, x.v)
+    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)])
     fp32_logits = (torch.einsum("bthd,bshd->bhts", x.q.float(), x.k.float().repeat_interleave(7, 2))
                    * 32 ** -0.5).squeeze(-1)
     o = oracle.o.to(torch.float16)
@@ -261,7 +261,7 @@ def test_cosine_allowance_widens_with_the_logit_conditioning():
     per-element one does, and an output 10% off still fails."""
     problem = Problem(batch=3, q_len=85, kv_len=50, heads_q=1, heads_kv=1, head_dim=48, dtype=torch.float32)
     x = Sample(problem=problem, scale=1.0, distribution="large_logits", seed=41).inputs()
-    oracle = reference.oracle(x.q, x.k, x.v, scale=1.0)
+    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)], scale=1.0)
     s = torch.einsum("bthd,bshd->bhts", x.q, x.k)  # fp32 logits, as a correct kernel has them
     weights = torch.softmax(s.double().float().double(), dim=-1)
     o = torch.einsum("bhts,bshd->bthd", weights, x.v.double()).float()

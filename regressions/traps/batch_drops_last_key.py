@@ -1,14 +1,14 @@
 """batch-drops-last-key: the multi-request path stops one key short; a request run alone is right,
 so single-request tests pass."""
 
-from fmha.regressions.source_cases import PAGED
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import PAGED
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="batch-drops-last-key",
     seeds=(),
-    source="a paged-kernel bug class the contract-v2 laws exist for (properties/source_laws.py)",
+    source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="each request of a batch misses its last key",
     root_cause="the batched path's bound is kv_len - 1",
     cases=(

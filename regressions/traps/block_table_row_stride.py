@@ -1,8 +1,8 @@
 """block-table-row-stride: the block table's row stride taken as 0: every request reads request 0's
 pages. A batch of one passes."""
 
-from fmha.regressions.source_cases import PAGED
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import PAGED
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

@@ -3,7 +3,7 @@ CORES_MN = 16 instead of 2 (V is the B operand with block_mn = 16), so the P.V M
 through the wrong core-matrix indexing: garbage P.V. The mutant reads V transposed inside
 each 8 x 8 core matrix (key and head-dim index swapped within a core)."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

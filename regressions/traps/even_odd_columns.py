@@ -3,7 +3,7 @@ for (128,64) SMEM with K-tile offsets. Even/odd column corruption." An MMA descr
 into the staged K tile read adjacent head-dim columns swapped in every K-tile after the
 first. The mutant swaps each even/odd pair of K's head dims from dim 64 on."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

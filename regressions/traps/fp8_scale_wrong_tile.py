@@ -2,8 +2,8 @@
 Tiles drawn with equal magnitudes share a scale and hide it; the sample layout gives tiles
 magnitudes 2^(i % 5 - 2)."""
 
-from fmha.regressions.source_cases import SPARSE
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import SPARSE
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

@@ -3,7 +3,7 @@ head across query heads through k_head_stride = 0. Generalising that to GQA is w
 classic mapping bug lives: query head h must read KV head h // group; reading h % Hkv
 (interleaved) is right for MHA and MQA and wrong for every other group size."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

@@ -6,7 +6,7 @@ pointers, q. On a GPU the kernel raises an illegal memory access, which also poi
 the CUDA context for every later call in the process; through the CPU interpreter it is a
 segmentation fault. Either way the framework must report it against this case and go on."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

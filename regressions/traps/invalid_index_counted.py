@@ -1,14 +1,14 @@
 """invalid-index-counted: a -1 index masked to logit 0 instead of -inf: every invalid index adds
 exp(0) to the denominator."""
 
-from fmha.regressions.source_cases import SPARSE
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import SPARSE
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="invalid-index-counted",
     seeds=(),
-    source="a paged-kernel bug class the contract-v2 laws exist for (properties/source_laws.py)",
+    source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="rows with invalid indices are scaled down; all-invalid rows are not empty",
     root_cause="the mask writes 0 where it should write -inf",
     cases=(

@@ -1,13 +1,13 @@
 """last-index-dropped: one index short per row: a loop bound of top-k - 1."""
 
-from fmha.regressions.source_cases import SPARSE
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import SPARSE
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="last-index-dropped",
     seeds=(),
-    source="a paged-kernel bug class the contract-v2 laws exist for (properties/source_laws.py)",
+    source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="every row misses its last listed key",
     root_cause="an off-by-one in the index loop",
     cases=(

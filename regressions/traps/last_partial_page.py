@@ -1,8 +1,8 @@
 """last-partial-page: a request's last, partial page read whole: the slots past its kv length
 (another request's keys, or poison) count too."""
 
-from fmha.regressions.source_cases import PAGED
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import PAGED
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

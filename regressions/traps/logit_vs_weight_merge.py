@@ -7,12 +7,12 @@ import dataclasses
 
 import torch
 
-from fmha.merge_torch import merge
-from fmha.problem import Problem
+from fmha.kernels.torch_merge import merge
+from fmha.contract import Problem
 from fmha.dispatch import attention
 from fmha.regressions.mutation import Mutant, wrapped_kernel
 from fmha.regressions.trap import Trap, reproducer
-from fmha.triton_attention import CAPABILITIES  # dense calls only: the mutant wraps fmha.attention's
+from fmha.kernels.triton_dense import CAPABILITIES  # dense calls only: the mutant wraps fmha.attention's
 
 TRAP = Trap(
     id="logit-vs-weight-merge",

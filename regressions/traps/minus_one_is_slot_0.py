@@ -2,8 +2,8 @@
 clamp before the mask. Slot 0 is a real key of some request (or poison), so the row attends a
 key it was never given."""
 
-from fmha.regressions.source_cases import SPARSE, TWO_SCOPES
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import SPARSE, TWO_SCOPES
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

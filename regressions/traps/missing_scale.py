@@ -1,7 +1,7 @@
 """missing-scale (seed 003): the MMA computes the unscaled dot product; 1/sqrt(hd) must be
 applied in the softmax, and was forgotten."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

@@ -3,7 +3,7 @@ be rescaled by exp(m_old - m_new) whenever the running maximum rises. The seed k
 rescale was wrong for n > 128 (000) and, before the fix, missing (002); a single tile (the
 only case first tested) needs no rescale, so it hid."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

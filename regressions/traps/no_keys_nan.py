@@ -1,8 +1,8 @@
 """no-keys-nan: a request with no keys (kv length 0) divides 0 by 0; the contract says o = 0 and
 lse = -inf (or the sink)."""
 
-from fmha.regressions.source_cases import PAGED
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import PAGED
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

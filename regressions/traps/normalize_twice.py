@@ -3,7 +3,7 @@ epilogue divided by the row sum again: O = O_correct / row_sum, 128x too small o
 data over 128 keys. Every row still points the right way, so cosine alone is blind to it;
 the magnitude check is not."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

@@ -1,14 +1,14 @@
 """pages-assumed-contiguous: page i of a request read at block_table[b, 0] + i: right only while
 the allocator hands out runs."""
 
-from fmha.regressions.source_cases import PAGED
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import PAGED
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="pages-assumed-contiguous",
     seeds=(),
-    source="a paged-kernel bug class the contract-v2 laws exist for (properties/source_laws.py)",
+    source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="wrong keys once pages are shuffled, as a serving engine's allocator leaves them",
     root_cause="the block table's first entry and an offset instead of a lookup per page",
     cases=(

@@ -2,7 +2,7 @@
 dims (seed 000), and a K staging routine read the source with stride 16 where K's stride
 was 64 (seed 003): the dot products were partial, the scores wrong."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

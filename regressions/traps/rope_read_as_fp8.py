@@ -1,7 +1,7 @@
 """rope-read-as-fp8: the 64 bf16 rope dims' bytes decoded as FP8 like the 448 quantized dims."""
 
-from fmha.regressions.source_cases import SPARSE, TWO_SCOPES
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import SPARSE, TWO_SCOPES
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

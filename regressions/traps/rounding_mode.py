@@ -1,11 +1,11 @@
 """rounding-mode (seed 003, not in the trap table of docs/contract.md): float-to-narrow conversions were
 emulated with threshold comparisons, and "2.75 must use >= (not >) to match round(5.5) = 6
 RNE": a conversion that does not round to nearest even. For attention outputs the same bug
-is a bf16 cast that truncates (Triton 3.6's interpreter does exactly this: fmha.triton_utils
+is a bf16 cast that truncates (Triton 3.6's interpreter does exactly this: fmha.kernels.triton_utils
 round_for_bf16 exists because of it). Each element is off by under one ulp, inside every
 per-element tolerance; only the bias, half an ulp toward zero on average, gives it away."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.symptoms import rounding_bias
 from fmha.regressions.trap import Trap, reproducer

@@ -1,8 +1,8 @@
 """sink-per-scope: two scopes attended separately, each with the sink, then merged: the sink joins
 the denominator twice."""
 
-from fmha.regressions.source_cases import SPARSE, TWO_SCOPES
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import SPARSE, TWO_SCOPES
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

@@ -1,14 +1,14 @@
 """slots-as-powers-of-two: slot arithmetic by shift and mask (j >> log2(block_size), j &
 (block_size - 1)): right for powers of two only. DSV4's tests draw block sizes 5, 53, 61, 69."""
 
-from fmha.regressions.source_cases import PAGED
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import PAGED
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
     id="slots-as-powers-of-two",
     seeds=(),
-    source="a paged-kernel bug class the contract-v2 laws exist for (properties/source_laws.py)",
+    source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="wrong keys for block sizes that are not powers of two; 1, 2, 16, 64 pass",
     root_cause="page and offset computed with bit operations",
     cases=(

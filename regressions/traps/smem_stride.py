@@ -3,7 +3,7 @@ load warp (32 threads) ran it, so 32 of 2048 elements of the K tile were written
 read stale shared memory for the rest. The mutant stages 1 in 64 elements of each K tile
 and leaves the rest zero."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

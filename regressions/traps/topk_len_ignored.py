@@ -1,8 +1,8 @@
 """topk-len-ignored: every index read, past the request's topk_len too: the slots past it are stale
 indices of an earlier step."""
 
-from fmha.regressions.source_cases import SPARSE, TWO_SCOPES
-from fmha.regressions.source_mutants import as_mutant
+from fmha.regressions.paged_cases import SPARSE, TWO_SCOPES
+from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(

@@ -2,7 +2,7 @@
 V were padded to 128 keys when S < 128, and the pad was not masked: the padded keys (logit
 0, value 0) took softmax weight from the real ones."""
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fmha.problem import Problem
+from fmha.contract import Problem
 from fmha.dispatch import attention
 from fmha.regressions.mutation import Mutant, patched_triton_kernel, wrapped_kernel
 from fmha.regressions.trap import Trap, reproducer

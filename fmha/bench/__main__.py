@@ -1,0 +1,5 @@
+import sys
+
+from fmha.bench.dense import main
+
+sys.exit(main())

@@ -1,0 +1,47 @@
+"""Small pieces shared by the Triton kernels."""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_availability(device) -> str | None:
+    """Why fmha's Triton kernels cannot take tensors on `device` in this process, or None: a
+    process that compiles for the GPU cannot run them on CPU tensors."""
+    if getattr(device, "type", device) == "cpu" and not interpreting():
+        return ("CPU tensors need Triton's interpreter, and this process compiles for the GPU (set "
+                "TRITON_INTERPRET=1 before importing fmha; fmha sets it only where CUDA is absent)")
+    return None
+
+
+@triton.jit
+def round_for_bf16(x):
+    """fp32 -> bf16, rounded to nearest-even, built from the bits. The interpreter's own casts
+    between fp32 and bf16 truncate, and get subnormals wrong (Triton 3.6: 5.5e-40 stored as
+    6.1e-39), so an interpreted kernel stores this instead. Only used when interpreting."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+def pv_mode(dtype: torch.dtype) -> int:
+    """How `mma` multiplies in `dtype`: 1 bf16 (P as hi + lo), 0 fp16, 2 IEEE fp32."""
+    return {torch.bfloat16: 1, torch.float16: 0, torch.float32: 2}[dtype]
+
+
+@triton.jit
+def mma(a, b, acc, PV_MODE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b: IEEE fp32 for fp32 operands (never TF32), in fp32 when UPCAST (bf16 under
+    the interpreter, whose bf16 arithmetic works on the bits)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif PV_MODE == 2:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)

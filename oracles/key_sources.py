@@ -1,0 +1,221 @@
+"""The float64 oracle over any call: where its keys come from, its answer, and the scales a
+verdict measures a kernel against (`Oracle`), from one pass.
+
+Every source of keys reduces, request by request, to one gather of each query row's keys and
+values plus a visibility mask; `attention` and `oracle` then run the one softmax of
+`reference.py` over them. Caches here hold numbers (a quantized cache is dequantized first,
+`quantization.dequantize`).
+
+- `Dense(k, v)`: contract v1's (B, S, Hkv, D) keys; causal and window decide visibility.
+- `Paged(k_cache, v_cache, block_table, kv_lens)`: caches (num_blocks, block_size, Hkv, D);
+  logical key j < kv_lens[b] of request b is slot block_table[b, j // block_size] *
+  block_size + j % block_size; causal and window apply to logical positions, each request
+  bottom-right aligned on its own kv length.
+- `Sparse(k_cache, v_cache, indices, topk_len)`: indices (B, T, topk) of physical slots
+  (block * block_size + offset), -1 = no key, only the first topk_len[b] read; the indices
+  alone decide visibility (causal and window do not apply) and a repeated index counts each
+  time it appears.
+
+Several sources in one call (DeepSeek-V4: the window's keys and the compressed keys) join
+one softmax; the sink, once, in its denominator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from fmha.contract.pages import request_slots
+from fmha.oracles.quantization import LAYOUTS, dequantize, pages_of
+from fmha.oracles.reference import NEG_INF, softmax_with_sink, visibility_mask
+
+
+@dataclass
+class Oracle:
+    """The float64 answer to one call, and the scales a verdict measures a kernel against."""
+
+    o: torch.Tensor  # (B, T, Hq, Dv)
+    lse: torch.Tensor  # (B, Hq, T)
+    # The attention over |v|: for each output element, the sum of the magnitudes of the terms
+    # it adds up, the scale its rounding error is relative to (|o| is far smaller where they
+    # cancel).
+    o_abs: torch.Tensor
+    # RMS of the visible logits: holding them in float32 costs about 2^-24 of this.
+    logit_rms: float
+    # (B, Hq, T): scale * |q_row| * the longest key the row sees, what a row's logits add up
+    # before they cancel.
+    logit_magnitude: torch.Tensor
+    # Like o: 2^-126 times the visible |v|, what a kernel computing the weights in fp32 loses
+    # where they fall below fp32's smallest normal and flush to zero (an H200 kernel, a sink
+    # taking all but 2^-130 of a row's weight: rows of outputs near 2^-125 off by 55 units).
+    underflow: torch.Tensor
+
+
+def _slots(cache: torch.Tensor) -> torch.Tensor:
+    """(num_blocks, block_size, H, D) -> (num_blocks * block_size, H, D): one row per slot."""
+    return cache.flatten(0, 1)
+
+
+@dataclass(frozen=True)
+class Dense:
+    k: torch.Tensor  # (B, S, Hkv, D)
+    v: torch.Tensor  # (B, S, Hkv, Dv)
+
+    def rows(self, b: int, q_len: int, causal: bool, window: int | None):
+        """keys (1, S, Hkv, D), values (1, S, Hkv, Dv) and visible (T, S) of request b."""
+        visible = visibility_mask(q_len, self.k.shape[1], causal, window, device=self.k.device)
+        return self.k[b][None], self.v[b][None], visible
+
+
+@dataclass(frozen=True)
+class Paged:
+    k_cache: torch.Tensor  # (num_blocks, block_size, Hkv, D)
+    v_cache: torch.Tensor  # (num_blocks, block_size, Hkv, Dv), may be k_cache
+    block_table: torch.Tensor  # (B, max_blocks) int32
+    kv_lens: torch.Tensor  # (B,) int32
+
+    def rows(self, b: int, q_len: int, causal: bool, window: int | None):
+        slots = request_slots(self.block_table[b], int(self.kv_lens[b]), self.k_cache.shape[1])
+        visible = visibility_mask(q_len, len(slots), causal, window, device=self.k_cache.device)
+        return _slots(self.k_cache)[slots][None], _slots(self.v_cache)[slots][None], visible
+
+
+@dataclass(frozen=True)
+class Sparse:
+    k_cache: torch.Tensor  # (num_blocks, block_size, Hkv, D)
+    v_cache: torch.Tensor  # (num_blocks, block_size, Hkv, Dv), may be k_cache
+    indices: torch.Tensor  # (B, T, topk) int32, -1 = no key
+    topk_len: torch.Tensor | None = None  # (B,) int32
+
+    def rows(self, b: int, q_len: int, causal: bool, window: int | None):
+        """keys (T, topk, Hkv, D), values and visible (T, topk): one key set per query row."""
+        indices = self.indices[b].long()
+        visible = indices != -1
+        if self.topk_len is not None:
+            visible &= torch.arange(indices.shape[-1], device=indices.device) < int(self.topk_len[b])
+        slots = torch.where(visible, indices, 0)  # an invisible index reads nothing
+        return _slots(self.k_cache)[slots], _slots(self.v_cache)[slots], visible
+
+
+Source = Dense | Paged | Sparse
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float,
+           sink: torch.Tensor | None, scales: bool = False):
+    """One request in float64: q (T, Hq, D); keys (T or 1, N, Hkv, D) and values (T or 1, N,
+    Hkv, Dv) shared by the rows or one set per row; visible (T, N). Returns o (T, Hq, Dv) and
+    lse (Hq, T), and with `scales` what the verdict measures against (`Oracle`'s fields, per
+    request). Invisible keys and values are never read: poison there cannot leak."""
+    T, Hq = q.shape[:2]
+    Hkv = keys.shape[2]
+    group = Hq // Hkv
+    # Query head h reads KV head h // group: heads as (Hkv, group), keys never repeated per
+    # head or per row (a paged request's keys are one set for all its rows: copying them per
+    # row took T times their memory).
+    shared = keys.shape[0] == 1
+    if shared:
+        keys, values = keys[0], values[0]
+    kv = "nkd" if shared else "tnkd"
+    # Zeroed where no row may read them: poison there cannot leak through 0 * NaN.
+    readable = (visible.any(0) if shared else visible)[..., None, None]
+    keys = torch.where(readable, keys.double(), 0.0)
+    values = torch.where(readable, values.double(), 0.0)
+    by_group = q.double().unflatten(1, (Hkv, group))
+    scores = torch.einsum(f"tkgd,{kv}->kgtn", by_group, keys).flatten(0, 1) * scale
+    weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF)[None], sink)
+    grouped = weights[0].unflatten(0, (Hkv, group))
+    o = torch.einsum(f"kgtn,{kv}->tkgd", grouped, values).flatten(1, 2)
+    if not scales:
+        return o, lse[0]
+    visible_scores = scores.masked_select(visible.expand_as(scores))
+    # Per row, the longest key it sees.
+    norms = torch.where(visible[..., None], keys.norm(dim=-1), 0.0)  # (T, N, Hkv)
+    key_norm = (norms.amax(dim=1) if norms.shape[1] else norms.new_zeros(T, Hkv)).repeat_interleave(group, 1).T
+    seen_abs = torch.einsum(f"tn,{kv}->tkd", visible.double(), values.abs()).repeat_interleave(group, 1)
+    return dict(o=o, lse=lse[0], o_abs=torch.einsum(f"kgtn,{kv}->tkgd", grouped, values.abs()).flatten(1, 2),
+                squares=float(visible_scores.square().sum()), count=visible_scores.numel(),
+                logit_magnitude=scale * q.double().norm(dim=-1).T * key_norm,
+                underflow=torch.finfo(torch.float32).tiny * seen_abs)
+
+
+def _requests(q, cu_seqlens_q):
+    if cu_seqlens_q is None:
+        return [q[b] for b in range(q.shape[0])]
+    bounds = cu_seqlens_q.tolist()
+    return [q[start:end] for start, end in zip(bounds, bounds[1:])]
+
+
+def _gather(sources, b: int, q_b: torch.Tensor, causal: bool, window: int | None):
+    """Request b's keys, values and visibility over every source, in one key axis."""
+    parts = [source.rows(b, q_b.shape[0], causal, window) for source in sources]
+    # One set for all rows while every source has one (dense, paged), else one per row.
+    rows = 1 if all(k.shape[0] == 1 for k, _, _ in parts) else q_b.shape[0]
+    keys = torch.cat([k.expand(rows, -1, -1, -1) for k, _, _ in parts], dim=1)
+    values = torch.cat([v.expand(rows, -1, -1, -1) for _, v, _ in parts], dim=1)
+    return keys, values, torch.cat([m for _, _, m in parts], dim=1)
+
+
+def _stack(per_request: list, ragged: bool, dim_of_rows: int):
+    return torch.cat(per_request, dim=dim_of_rows) if ragged else torch.stack(per_request)
+
+
+def attention(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
+              scale: float | None = None, causal: bool = False, window: int | None = None,
+              sink: torch.Tensor | None = None):
+    """The contract-v2 attention in float64 over the keys of all `sources`, one softmax.
+
+    q (B, T, Hq, D) gives o (B, T, Hq, Dv) and lse (B, Hq, T); packed q (total_q, Hq, D) with
+    `cu_seqlens_q` (B + 1,) gives o (total_q, Hq, Dv) and lse (Hq, total_q), FlashAttention's
+    varlen convention. A row with no visible key: o = 0, lse = -inf (the sink with one)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    results = [attend(q_b, *_gather(sources, b, q_b, causal, window), scale, sink)
+               for b, q_b in enumerate(_requests(q, cu_seqlens_q))]
+    ragged = cu_seqlens_q is not None
+    return _stack([o for o, _ in results], ragged, 0), _stack([lse for _, lse in results], ragged, 1)
+
+
+def oracle(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
+           scale: float | None = None, causal: bool = False, window: int | None = None,
+           sink: torch.Tensor | None = None) -> Oracle:
+    """`attention` and what the verdict needs beside it (`Oracle`), in one pass. For
+    ragged queries the tensors are shaped as one request of total_q rows: o (1, total_q, Hq,
+    Dv), lse (1, Hq, total_q)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    parts = [attend(q_b, *_gather(sources, b, q_b, causal, window), scale, sink, scales=True)
+             for b, q_b in enumerate(_requests(q, cu_seqlens_q))]
+    ragged = cu_seqlens_q is not None
+    rows = lambda name: _stack([p[name] for p in parts], ragged, 0)  # noqa: E731
+    heads = lambda name: _stack([p[name] for p in parts], ragged, 1)  # noqa: E731
+    count = sum(p["count"] for p in parts)
+    logit_rms = (sum(p["squares"] for p in parts) / count) ** 0.5 if count else 0.0
+    shape = (lambda t: t[None]) if ragged else (lambda t: t)
+    return Oracle(o=shape(rows("o")), lse=shape(heads("lse")), o_abs=shape(rows("o_abs")), logit_rms=logit_rms,
+                  logit_magnitude=shape(heads("logit_magnitude")), underflow=shape(rows("underflow")))
+
+
+def from_call(k, v, *, block_table=None, kv_lens=None, indices=None, topk_len=None, extra_k_cache=None,
+              extra_indices=None, extra_topk_len=None, cache_layout=None, extra_cache_layout=None,
+              **_) -> list[Source]:
+    """The sources a contract call names (its k, v and source keyword arguments), quantized
+    caches decoded exactly."""
+    if block_table is not None:
+        k_values = _decoded(k, cache_layout)
+        return [Paged(k_values, k_values if v is k else v, block_table, kv_lens)]
+    if indices is None:
+        return [Dense(k, v)]
+    k_values = _decoded(k, cache_layout)
+    scopes = [Sparse(k_values, k_values if v is k else v, indices, topk_len)]
+    if extra_k_cache is not None:
+        extra = _decoded(extra_k_cache, extra_cache_layout)
+        scopes.append(Sparse(extra, extra, extra_indices, extra_topk_len))
+    return scopes
+
+
+def _decoded(cache: torch.Tensor, layout: str | None) -> torch.Tensor:
+    """A (num_blocks, block_size, 1, token_bytes) byte view of a quantized cache -> float64
+    (num_blocks, block_size, 1, head_dim); any other cache as it is."""
+    if layout is None:
+        return cache
+    return dequantize(pages_of(cache), LAYOUTS[layout], cache.shape[1])

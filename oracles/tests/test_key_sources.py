@@ -1,0 +1,160 @@
+"""The float64 oracle over contract-v2 sources (paged, ragged, index-sparse, two scopes) equals
+independent scalar loops written from the contract's words, on tiny shapes whose caches hold
+shuffled and shared pages and NaN wherever no key should be read."""
+
+import pytest
+import torch
+
+from fmha.oracles import key_sources, reference
+from fmha.oracles.tests import bruteforce
+
+F64 = dict(rtol=1e-12, atol=1e-12)
+NAN = float("nan")
+
+
+def _cache(num_blocks, block_size, heads, dim, generator, poison=()):
+    cache = torch.randn(num_blocks, block_size, heads, dim, dtype=torch.float64, generator=generator)
+    for block, offset in poison:
+        cache[block, offset] = NAN
+    return cache
+
+
+def _paged_case(generator, block_size=2):
+    """Three requests of 5, 0 and 7 keys over shuffled pages; requests 0 and 2 share their
+    first page; every slot no request reads is NaN."""
+    kv_lens = torch.tensor([5, 0, 7], dtype=torch.int32)
+    pages = torch.randperm(12, generator=generator).tolist()
+    per_request = [-(-int(n) // block_size) for n in kv_lens]
+    table = torch.full((3, max(per_request) + 1), 7_000, dtype=torch.int32)  # entries past a request's pages: never read
+    table[0, :per_request[0]] = torch.tensor(pages[:per_request[0]])
+    table[2, 0] = table[0, 0]
+    table[2, 1:per_request[2]] = torch.tensor(pages[per_request[0]:per_request[0] + per_request[2] - 1])
+    read = {(int(table[b, j // block_size]), j % block_size) for b in range(3) for j in range(int(kv_lens[b]))}
+    poison = [(p, o) for p in range(12) for o in range(block_size) if (p, o) not in read]
+    k_cache = _cache(12, block_size, 2, 4, generator, poison)
+    v_cache = _cache(12, block_size, 2, 3, generator, poison)
+    return k_cache, v_cache, table, kv_lens
+
+
+def _tensor(nested):
+    return torch.tensor(nested, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=2)], ids=["full", "causal", "window2"])
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+def test_paged_oracle_matches_scalar_loops(block_size, mask, with_sink):
+    g = torch.Generator().manual_seed(block_size)
+    k_cache, v_cache, table, kv_lens = _paged_case(g, block_size)
+    q = torch.randn(3, 2, 4, 4, dtype=torch.float64, generator=g)
+    sink = torch.randn(4, dtype=torch.float64, generator=g) if with_sink else None
+    o, lse = key_sources.attention(q, [key_sources.Paged(k_cache, v_cache, table, kv_lens)], sink=sink, **mask)
+    assert not o.isnan().any(), "a poisoned slot leaked"
+    o_bf, lse_bf = bruteforce.paged_attention(q.tolist(), k_cache.tolist(), v_cache.tolist(), table.tolist(),
+                                              kv_lens.tolist(), sink=None if sink is None else sink.tolist(), **mask)
+    torch.testing.assert_close(o, _tensor(o_bf), **F64)
+    torch.testing.assert_close(lse, _tensor(lse_bf), **F64)
+
+
+def test_ragged_queries_each_aligned_on_their_own_kv_length_match_scalar_loops():
+    g = torch.Generator().manual_seed(7)
+    k_cache, v_cache, table, kv_lens = _paged_case(g, block_size=3)
+    cu_seqlens_q = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # 2, 1 (no keys) and 3 query rows
+    q = torch.randn(6, 4, 4, dtype=torch.float64, generator=g)
+    for mask in (dict(), dict(causal=True), dict(window=2)):
+        o, lse = key_sources.attention(q, [key_sources.Paged(k_cache, v_cache, table, kv_lens)],
+                                   cu_seqlens_q=cu_seqlens_q, **mask)
+        assert o.shape == (6, 4, 3) and lse.shape == (4, 6)
+        o_bf, lse_bf = bruteforce.paged_attention(q.tolist(), k_cache.tolist(), v_cache.tolist(), table.tolist(),
+                                                  kv_lens.tolist(), cu_seqlens_q=cu_seqlens_q.tolist(), **mask)
+        torch.testing.assert_close(o, _tensor(o_bf), **F64)
+        torch.testing.assert_close(lse, _tensor(lse_bf), **F64)
+        assert (o[2] == 0).all() and (lse[:, 2] == -torch.inf).all(), "a request with no keys"
+
+
+def _sparse_scope(generator, num_blocks, block_size, topk, topk_len):
+    """Indices (2, 2, topk) into shuffled slots with -1s, a repeated index, an all-invalid row;
+    every slot they do not read is NaN."""
+    slots = torch.randperm(num_blocks * block_size, generator=generator)[:2 * 2 * topk].view(2, 2, topk)
+    indices = slots.clone().to(torch.int32)
+    indices[0, 0, 1] = -1
+    indices[0, 1, 2] = indices[0, 1, 0]  # read twice: counts twice
+    indices[1, 1, :] = -1  # a row with no key in this scope
+    visible = (indices != -1) & (torch.arange(topk) < torch.tensor(topk_len).view(2, 1, 1))
+    read = {int(s) for s in indices[visible]}
+    poison = [(s // block_size, s % block_size) for s in range(num_blocks * block_size) if s not in read]
+    k_cache = _cache(num_blocks, block_size, 1, 4, generator, poison)
+    return k_cache, indices, torch.tensor(topk_len, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+@pytest.mark.parametrize("two_scopes", [False, True], ids=["one-scope", "two-scopes"])
+def test_sparse_oracle_matches_scalar_loops(with_sink, two_scopes):
+    """K = V (one cache, as DeepSeek-V4), one KV head for 3 query heads; the second scope has
+    its own block size, top-k and lengths."""
+    g = torch.Generator().manual_seed(11)
+    scopes = [_sparse_scope(g, 6, 5, 4, [3, 4])]
+    if two_scopes:
+        scopes.append(_sparse_scope(g, 7, 2, 3, [3, 0]))
+    q = torch.randn(2, 2, 3, 4, dtype=torch.float64, generator=g)
+    sink = torch.randn(3, dtype=torch.float64, generator=g) if with_sink else None
+    o, lse = key_sources.attention(q, [key_sources.Sparse(c, c, i, n) for c, i, n in scopes], sink=sink, causal=True)
+    assert not o.isnan().any(), "a poisoned slot leaked"
+    o_bf, lse_bf = bruteforce.sparse_attention(q.tolist(), [(c.tolist(), c.tolist(), i.tolist(), n.tolist())
+                                                            for c, i, n in scopes],
+                                               sink=None if sink is None else sink.tolist())
+    torch.testing.assert_close(o, _tensor(o_bf), **F64)
+    torch.testing.assert_close(lse, _tensor(lse_bf), **F64)
+    if not two_scopes:
+        assert (o[1, 1] == 0).all(), "the all-invalid row"
+        assert (lse[1, :, 1] == (sink if with_sink else -torch.inf)).all()
+
+
+def test_paged_and_sparse_over_the_same_keys_equal_the_dense_oracle():
+    """One request's dense keys laid out on reversed pages, and as indices of exactly the keys
+    each causal row sees: both equal contract v1's oracle."""
+    g = torch.Generator().manual_seed(3)
+    T, S, block_size = 3, 7, 2
+    q = torch.randn(1, T, 4, 8, dtype=torch.float64, generator=g)
+    k = torch.randn(1, S, 2, 8, dtype=torch.float64, generator=g)
+    v = torch.randn(1, S, 2, 5, dtype=torch.float64, generator=g)
+    o, lse = reference.attention(q, k, v, causal=True)
+    pages = 4
+    padded = lambda x: torch.cat([x[0], x[0].new_zeros(pages * block_size - S, *x.shape[2:])])  # noqa: E731
+    k_cache = padded(k).view(pages, block_size, 2, 8).flip(0)
+    v_cache = padded(v).view(pages, block_size, 2, 5).flip(0)
+    table = torch.arange(pages - 1, -1, -1, dtype=torch.int32)[None]
+    paged = key_sources.Paged(k_cache, v_cache, table, torch.tensor([S], dtype=torch.int32))
+    o_paged, lse_paged = key_sources.attention(q, [paged], causal=True)
+    slot = lambda j: int(table[0, j // block_size]) * block_size + j % block_size  # noqa: E731
+    indices = torch.tensor([[[slot(j) if j <= S - T + i else -1 for j in range(S)] for i in range(T)]],
+                           dtype=torch.int32)
+    o_sparse, lse_sparse = key_sources.attention(q, [key_sources.Sparse(k_cache, v_cache, indices)])
+    for got in ((o_paged, lse_paged), (o_sparse, lse_sparse)):
+        torch.testing.assert_close(got[0], o, **F64)
+        torch.testing.assert_close(got[1], lse, **F64)
+
+
+def test_the_oracles_scales_over_pages_equal_the_dense_oracles():
+    """Everything the verdict measures against (o over |v|, the logits' RMS and magnitude,
+    the underflow allowance) is the dense call's when the pages hold the dense keys, and the
+    answer is the plain reference's."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 4, 8, dtype=torch.float64, generator=g)
+    k = torch.randn(2, 6, 2, 8, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 6, 2, 5, dtype=torch.float64, generator=g)
+    sink = torch.randn(4, dtype=torch.float64, generator=g)
+    dense = key_sources.oracle(q, [key_sources.Dense(k, v)], sink=sink, scale=0.3)
+    table = torch.tensor([[1, 0, 2], [4, 5, 3]], dtype=torch.int32)  # pages of 2: request b, keys 2i, 2i+1
+    k_cache, v_cache = torch.empty(6, 2, 2, 8, dtype=torch.float64), torch.empty(6, 2, 2, 5, dtype=torch.float64)
+    for b in range(2):
+        for i in range(3):
+            k_cache[table[b, i]], v_cache[table[b, i]] = k[b, 2 * i:2 * i + 2], v[b, 2 * i:2 * i + 2]
+    paged = key_sources.oracle(q, [key_sources.Paged(k_cache, v_cache, table, torch.tensor([6, 6], dtype=torch.int32))],
+                           sink=sink, scale=0.3)
+    for name in ("o", "lse", "o_abs", "logit_magnitude", "underflow"):
+        torch.testing.assert_close(getattr(paged, name), getattr(dense, name), **F64, msg=name)
+    assert paged.logit_rms == pytest.approx(dense.logit_rms, rel=1e-12)
+    o, lse = reference.attention(q, k, v, sink=sink, scale=0.3)
+    torch.testing.assert_close(dense.o, o, **F64)
+    torch.testing.assert_close(dense.lse, lse, **F64)

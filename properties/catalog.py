@@ -1,0 +1,36 @@
+"""Every law of the contract, in one list: `LAWS`, by name. Adding a law is one decorated
+function in laws.py (dense keys) or paged_laws.py (paged and sparse caches): its test, the kill
+matrix's columns, `fmha.ci.verify`'s fast pass and docs/laws.md follow from the record."""
+
+from __future__ import annotations
+
+from fmha.properties import laws, paged_laws
+from fmha.properties.law import Law
+
+LAWS: dict[str, Law] = {law.name: law for module in (laws, paged_laws)
+                        for law in vars(module).values() if isinstance(law, Law)}
+
+
+def law_of_test(test: str) -> Law | None:
+    """The law whose pytest test is `test` (known-failure records name tests)."""
+    return next((law for law in LAWS.values() if law.test == test), None)
+
+
+def markdown() -> str:
+    """docs/laws.md: one row per law, from the records."""
+    from fmha.tables import Table
+
+    table = Table(["law", "what it says", "draws", "needs", "bitwise under", "proven on mutant", "test"])
+    for law in LAWS.values():
+        draws = law.draws if law.draws != "paged" else " or ".join(law.sources)
+        table.add(f"`{law.name}`", law.summary, draws, ", ".join(law.needs) or "—", law.exact_under or "the verdict",
+                  f"`{law.mutant}`", f"`{law.test}`")
+    return ("# The laws\n\n"
+            "Generated from the law records (`python -m fmha.properties.catalog > docs/laws.md`; "
+            "tests/test_law_mutants.py checks it is current). Each law runs as its own test in "
+            "properties/test_laws.py for every selected kernel that has what it needs, and is proven on its mutant "
+            "(fmha.regressions.law_mutants) by tests/test_law_mutants.py.\n\n" + table.markdown() + "\n")
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,221 @@
+"""What a law is: one record per metamorphic law of the contract, dense and paged alike, and how
+one is driven with hypothesis.
+
+A law is a function `check(*operands, sample, device)` that runs a kernel (or a merge) on
+related inputs and raises AssertionError saying what differed, where and by how much. The
+`@law(...)` decorator turns it into a `Law`: the function plus what it draws, what it needs
+from a kernel, the promise under which it holds bitwise, its pytest test and the mutant it is
+proven on. `fmha.properties.catalog.LAWS` lists them all; the tests (properties/test_laws.py),
+the kill matrix, `fmha.ci.verify` and docs/laws.md are made from that list.
+
+Laws that hold exactly are checked bitwise for a kernel that promises it
+(fmha.contract.PROMISES: `bitwise_deterministic`, `batch_invariant`) and within the verdict
+for one that does not (`assert_same`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+from hypothesis import assume, example, given, note, reject
+from hypothesis.errors import FailedHealthCheck, Unsatisfiable
+
+from fmha.contract import FULL_CONTRACT, KernelEntry, NotSupportedError
+from fmha.oracles.check import INT_VIEW, oracle_of
+from fmha.oracles.key_sources import Oracle
+from fmha.oracles.metrics import measure
+from fmha.oracles.sample import Inputs, Sample
+from fmha.oracles.verdict import TOLERANCES, judge, two_sided
+
+# What a law draws: dense samples (properties/strategies.py), paged or sparse ones
+# (properties/paged_strategies.py), or samples for a merge alone.
+DRAWS = ("dense", "paged", "merge")
+OPERANDS = {"kernel": ("kernel",), "kernel+merge": ("kernel", "merge"), "merge": ("merge",)}
+
+
+@dataclass(frozen=True)
+class Law:
+    check: Callable  # check(*operands, sample, device)
+    test: str  # its test in properties/test_laws.py; known-failure records name it
+    mutant: str  # a kernel (or merge) with the bug it is made for (fmha.regressions.law_mutants.MUTANTS)
+    draws: str = "dense"
+    sources: tuple[str, ...] = ("dense",)  # paged draws: the key sources drawn (a kernel needs one of them)
+    needs: tuple[str, ...] = ()  # features or sources every draw uses: the kernel must declare them all
+    operands: str = "kernel"  # among OPERANDS
+    exact_under: str | None = None  # the promise under which it holds bitwise
+
+    def __post_init__(self):
+        if self.draws not in DRAWS or self.operands not in OPERANDS:
+            raise ValueError(f"law {self.name}: draws among {DRAWS}, operands among {tuple(OPERANDS)}")
+        if not self.test.startswith("test_"):
+            raise ValueError(f"law {self.name}: its test is named test_..., got {self.test!r}")
+
+    @property
+    def name(self) -> str:
+        return self.check.__name__
+
+    @property
+    def summary(self) -> str:
+        """The first sentence of its docstring."""
+        doc = " ".join((self.check.__doc__ or self.name).split())
+        return doc.split(". ")[0].rstrip(".") + "."
+
+    def __call__(self, *args):
+        return self.check(*args)
+
+    def require(self, kernel: KernelEntry, device: str) -> None:
+        """Skip, with the kernel's reason, when it cannot run on `device` or lacks what the law
+        draws or needs."""
+        caps = kernel.capabilities_on(device)
+        unavailable = kernel.availability(device)
+        if unavailable or device not in caps.devices:
+            pytest.skip(f"{kernel.name}: {unavailable or f'no {device} kernel'}")
+        if not caps.sources & set(self.sources):
+            pytest.skip(f"{kernel.name}: this law needs a {' or '.join(self.sources)} source; the kernel declares "
+                        f"{', '.join(sorted(caps.sources))} (Capabilities.sources)")
+        missing = [n for n in self.needs if n not in caps.sources | caps.features]
+        if missing:
+            pytest.skip(f"{kernel.name}: this law needs {', '.join(missing)} ("
+                        + "; ".join(caps.notes.get(n, f"no {n} support") for n in missing) + ")")
+
+    def strategy(self, kernel: KernelEntry | None, device: str):
+        """Samples inside the kernel's capabilities (the merge's own for a merge law)."""
+        from fmha.properties.paged_strategies import paged_samples
+        from fmha.properties.strategies import samples
+
+        if self.draws == "merge":
+            # The merge's work is B x T x H x Dv; S only sizes the float64 oracle that makes the
+            # parts. Smaller T and S keep the CPU tier quick without changing what the merge sees.
+            return samples(FULL_CONTRACT, device, **(dict(max_q_len=64, max_kv_len=256) if device == "cpu" else {}))
+        caps = kernel.capabilities_on(device)
+        if self.draws == "paged":
+            return paged_samples(caps, device, kinds=self.sources, needs=self.needs)
+        return samples(caps, device)
+
+    def setup(self, device: str, kernel: KernelEntry | None = None, merge=None):
+        """(strategy, operands, pinned samples) of this law for `kernel` and `merge`;
+        pytest.skip, with the reason, when the kernel lacks what the law needs."""
+        from fmha.properties.pinned import PINNED
+
+        if kernel is not None and "kernel" in OPERANDS[self.operands]:
+            self.require(kernel, device)
+        operands = tuple(kernel if o == "kernel" else merge for o in OPERANDS[self.operands])
+        pinned = [s for s in PINNED.get(self.name, [])
+                  if kernel is None or not kernel.not_supported_reasons(s.problem, device)]
+        return self.strategy(kernel, device), operands, pinned
+
+    def run(self, device: str, kernel: KernelEntry | None = None, merge=None, reproduce: str = "",
+            settings=None, pinned: bool = True) -> None:
+        """The law on its pinned samples (unless `pinned` is False), then on draws (`run_law`)."""
+        strategy, operands, pinned_samples = self.setup(device, kernel, merge)
+        run_law(self.check, strategy, *operands, device=device, reproduce=reproduce, settings=settings,
+                pinned=pinned_samples if pinned else ())
+
+
+def law(*, test: str, mutant: str, draws: str = "dense", sources: tuple[str, ...] | None = None,
+        needs: tuple[str, ...] = (), operands: str = "kernel", exact_under: str | None = None):
+    """Make the decorated check a `Law` (the record sits with the function)."""
+    if sources is None:
+        sources = ("paged", "sparse") if draws == "paged" else ("dense",)
+
+    def record(check: Callable) -> Law:
+        return Law(check=check, test=test, mutant=mutant, draws=draws, sources=sources, needs=needs,
+                   operands=operands, exact_under=exact_under)
+
+    return record
+
+
+# -- comparisons the laws share --------------------------------------------------------------
+
+def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    """Same bits (NaN payloads included), else say how many and where the first one is."""
+    assert a.shape == b.shape, f"{what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}"
+    bits_a = a.contiguous().view(INT_VIEW.get(a.dtype, a.dtype))
+    bits_b = b.contiguous().view(INT_VIEW.get(b.dtype, b.dtype))
+    differ = bits_a != bits_b
+    if differ.any():
+        first = tuple(torch.nonzero(differ)[0].tolist())
+        raise AssertionError(f"{what}: {int(differ.sum())} of {differ.numel()} elements differ bitwise; "
+                             f"first at {first}: {a[first].item()!r} vs {b[first].item()!r}")
+
+
+def assert_agrees(o: torch.Tensor, reference_o: torch.Tensor, what: str, lse=None, reference_lse=None,
+                  scales: Oracle | None = None, oracle_abs=None, perfect_o=None, logit_rms=None) -> None:
+    """Within the verdict against `reference_o`: a float64 oracle, or another kernel output,
+    whose own rounding then adds to the allowance (two_sided). `scales`, the oracle of the
+    inputs, sets the fp32 logit-rounding part of the floor and the scale of the terms each
+    output sums, the oracle over |v| (without it |reference_o|, too strict where they cancel);
+    `logit_rms` and `oracle_abs` give those two directly. `perfect_o`: an error-free kernel's
+    result through the law's procedure (metrics.measure)."""
+    reference_lse = None if reference_lse is None else reference_lse.double()
+    tolerance = TOLERANCES[o.dtype]
+    if reference_o.dtype != torch.float64:
+        tolerance = two_sided(tolerance)
+    if scales is not None:
+        logit_rms = scales.logit_rms
+        oracle_abs = scales.o_abs if oracle_abs is None else oracle_abs
+    metrics = measure(o, reference_o.double(), lse, reference_lse, logit_rms=logit_rms or 0.0, oracle_abs=oracle_abs,
+                      perfect_o=perfect_o, logit_magnitude=None if scales is None else scales.logit_magnitude,
+                      underflow=None if scales is None else scales.underflow)
+    verdict = judge(metrics, tolerance)
+    assert verdict.passed, verdict.message(what)
+
+
+def assert_same(kernel: KernelEntry, device: str, promise: str, a, b, what: str, x: Inputs) -> None:
+    """`a` and `b` ((o, lse) of two calls that must agree): both finite, then bitwise where the
+    kernel makes `promise`, else within the verdict of one kernel output against another.
+    Finite first: unread storage is NaN poison, so two runs that both read it (or both divide
+    0 by 0 for a row with no keys) would otherwise be "the same"."""
+    (o_a, lse_a), (o_b, lse_b) = a, b
+    for o, which in ((o_a, "first"), (o_b, "second")):
+        bad = ~torch.isfinite(o)
+        assert not bad.any(), (f"{what}: the {which} call's output has {int(bad.sum())} non-finite element(s), the "
+                               f"first at {tuple(bad.nonzero()[0].tolist())}: unread NaN reached the output, or a row "
+                               f"with no keys divided 0 by 0 (the contract: o = 0)")
+    if kernel.promises(device, promise):
+        assert_bitwise(o_a, o_b, f"{what} (promised {promise})")
+        if lse_a is not None and lse_b is not None:
+            assert_bitwise(lse_a, lse_b, f"{what}, lse (promised {promise})")
+    else:
+        oracle = oracle_of(x)
+        assert_agrees(o_a, o_b, f"{what} (no {promise} promise: within the verdict)", lse_a, lse_b, oracle)
+
+
+def variant(kernel: KernelEntry, sample: Sample, device, **changes) -> Sample:
+    """The sample with a changed problem; a variant the kernel does not support is rejected."""
+    changed = sample.replace(**changes)
+    assume(not kernel.not_supported_reasons(changed.problem, device))
+    return changed
+
+
+# -- driving a law with hypothesis -----------------------------------------------------------
+
+def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings=None, pinned=()) -> None:
+    """Run `law(*operands, sample, device)` (a law's check) on the `pinned` samples, then on
+    samples from `strategy`; a failure prints the shrunk sample, the `reproduce` command and
+    the @example line that pins it. A call the kernel refuses with NotSupportedError rejects
+    that sample; when every sample is refused, the test is skipped with the kernel's reasons.
+    (hypothesis derandomizes by the source of `check`: changing it changes every CI draw.)"""
+    refused = []
+
+    @given(sample=strategy)
+    def check(sample):
+        note(f"reproduce: {reproduce}\npin it: @example(sample={sample!r})" if reproduce
+             else f"pin it: @example(sample={sample!r})")
+        try:
+            law(*operands, sample, device)
+        except NotSupportedError as e:
+            refused.append(str(e))
+            reject()
+
+    for sample in pinned:
+        check = example(sample=sample)(check)
+    try:
+        (settings(check) if settings is not None else check)()
+    except (Unsatisfiable, FailedHealthCheck):
+        if not refused:
+            raise
+        pytest.skip(f"the kernel refused the samples it was given (NotSupportedError): {refused[0]}")

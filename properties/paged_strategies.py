@@ -1,0 +1,115 @@
+"""Hypothesis strategies for contract v2 samples: paged (and ragged) calls and index-sparse
+calls over one or two caches, quantized or not, inside a kernel's capabilities.
+
+Built on `strategies.problems` (dtype, head dims, heads, batch, lengths, masks, sink, the
+budget), then the source: block sizes where real kernels break (DeepSeek's FlashMLA tests
+draw 1, 2, 5, 53, 61, 64, 69, 576), a kv length per request (0 and shorter than the query
+rows included), packed query rows per request, pages shared between requests; top-k up to
+2048 (not only multiples of 64), -1 anywhere (all of a row too), topk_len shorter than top-k,
+a second scope, FP8/FP4 caches. Rare choices are the last of their range, so shrinking turns
+them off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from fmha.contract import Capabilities
+from fmha.oracles.distributions import DISTRIBUTIONS
+from fmha.oracles.sample import Sample
+from fmha.properties.strategies import KEY_BUDGET, _cost, problems, scales
+
+BLOCK_SIZES = (1, 2, 5, 16, 53, 61, 64, 576)
+INVALID = (0.0, 0.1, 0.5, 1.0)
+MAX_TOPK = 2048
+
+
+def _lengths(draw, batch: int, upper: int, at_least_one: bool = False):
+    """A length per request in [0, upper]: all `upper` most often, else each 0 (a request
+    with nothing: its own bugs), `upper` or drawn between (with `at_least_one` not all 0)."""
+    if draw(st.integers(0, 2)) < 2:
+        return None
+    length = st.one_of(st.just(0), st.just(upper), st.integers(0, upper))
+    lengths = draw(st.lists(length, min_size=batch, max_size=batch))
+    if at_least_one and not any(lengths):
+        lengths[-1] = upper
+    return tuple(lengths)
+
+
+@st.composite
+def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS),
+                   kinds=("paged", "sparse"), needs=()) -> Sample:
+    """A paged or index-sparse sample (among `kinds`) inside `caps`, which must declare one;
+    with `needs` ("two_scopes", "lse", ...) every draw uses them."""
+    kinds = [kind for kind in kinds if kind in caps.sources]
+    if not kinds:
+        raise ValueError(f"paged_samples: the capabilities declare no paged or sparse source ({sorted(caps.sources)})")
+    kind = draw(st.sampled_from(kinds))
+    block_sizes = caps.block_sizes or BLOCK_SIZES
+    if kind == "paged":
+        problem = draw(problems(caps, device))
+        block_size = _block_size(draw, block_sizes, problem.kv_len)
+        ragged = "ragged" in caps.sources and draw(st.booleans())
+        problem = problem.replace(source="paged", block_size=block_size, ragged=ragged)
+        sample_fields = dict(kv_lens=_lengths(draw, problem.batch, problem.kv_len),
+                             q_lens=_lengths(draw, problem.batch, problem.q_len, at_least_one=True) if ragged else None,
+                             shared_pages=draw(st.booleans()))
+    else:
+        problem, sample_fields = _sparse(draw, caps, device, draw(st.sampled_from(block_sizes)), block_sizes,
+                                         "two_scopes" in needs)
+    assume(not caps.not_supported_reasons(problem, device))
+    return Sample(problem=problem, scale=draw(scales(problem.head_dim)), distribution=draw(st.sampled_from(distributions)),
+                  seed=draw(st.integers(0, 2**16)), **sample_fields)
+
+
+def _block_size(draw, block_sizes, keys: int) -> int:
+    """A block size; half the draws one that spreads `keys` over several pages (page
+    boundaries, the last partial page and the table's later entries are where paged kernels
+    go wrong)."""
+    several = [b for b in block_sizes if b < keys]
+    if several and draw(st.booleans()):
+        return draw(st.sampled_from(several))
+    return draw(st.sampled_from(block_sizes))
+
+
+def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool):
+    """DeepSeek-V4's call: K = V, no mask (the indices decide), top-k keys per query row."""
+    layouts = sorted(caps.cache_layouts)
+    layout = draw(st.sampled_from([None, *layouts])) if layouts else None
+    # The capabilities `problems` draws the dense part from: no mask; FlashMLA's head dim and
+    # dtype for a quantized cache.
+    dense = dataclasses.replace(caps, requires=caps.requires - {"causal", "window"},
+                        features=caps.features - {"causal", "window"}, max_kv_len=min(caps.max_topk or MAX_TOPK, MAX_TOPK))
+    if layout is not None:
+        dense = dataclasses.replace(dense, head_dims=(512,), dtypes=(torch.bfloat16,))
+    problem = draw(problems(dense, device, max_kv_len=dense.max_kv_len))
+    extra = two_scopes or ("two_scopes" in caps.sources and draw(st.booleans()))
+    extra_layout = draw(st.sampled_from([None, *layouts])) if extra and layout else None
+    problem = problem.replace(
+        source="sparse", block_size=block_size, shared_kv=True, head_dim_v=problem.head_dim, cache_layout=layout,
+        heads_kv=1 if layout else problem.heads_kv,
+        extra_topk=draw(st.integers(1, 1024)) if extra else None,
+        extra_block_size=draw(st.sampled_from(block_sizes)) if extra else None, extra_cache_layout=extra_layout)
+    # The budget counts both scopes' keys, and every query row's own (the oracle gathers
+    # batch * q_len * keys of them): a smaller batch, then fewer queries.
+    keys = problem.kv_len + (problem.extra_topk or 0)
+    batch, q_len = problem.batch, problem.q_len
+
+    def over(batch, q_len):
+        gathered = batch * q_len * keys * 2 * problem.head_dim / KEY_BUDGET[device]
+        return max(gathered, _cost(device, batch, problem.heads_q, q_len, keys, problem.head_dim, problem.head_dim)) > 1
+
+    while over(batch, q_len) and batch > 1:
+        batch //= 2
+    while over(batch, q_len) and q_len > 1:
+        q_len = math.ceil(q_len / 2)
+    problem = problem.replace(batch=batch, q_len=q_len)
+    fields = dict(topk_lens=_lengths(draw, batch, problem.kv_len), invalid=draw(st.sampled_from(INVALID)))
+    if extra:
+        fields["extra_topk_lens"] = _lengths(draw, batch, problem.extra_topk)
+    return problem, fields

@@ -1,0 +1,76 @@
+"""What the suite's tests read of the pytest session they run in: its device (set by the fmha
+plugin, fmha.ci.plugin), the hypothesis profiles and settings the laws run under, and the
+command that reruns one test.
+
+The profiles are registered on import, before hypothesis reads --hypothesis-profile; an
+environment without hypothesis (fmha installed without [test]) gets the plugin without them.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import pytest
+
+DEVICE = pytest.StashKey[str]()  # the session's device: --fmha-device, else cuda when present
+
+# Options a rerun of one test needs, as given to this session.
+_RERUN_OPTIONS = ("--fmha-device", "--fmha-known-failures", "--hypothesis-profile")
+
+
+def register_profiles() -> None:
+    """Hypothesis profiles for the laws, chosen with --hypothesis-profile; without it the laws
+    run under fmha-ci when CI is set, else fmha-dev (other tests in the session keep their
+    own)."""
+    try:
+        from hypothesis import HealthCheck, Phase, settings
+        from hypothesis.database import DirectoryBasedExampleDatabase
+    except ImportError:
+        return
+    slow_draws = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws)
+    settings.register_profile("fmha-ci", max_examples=8, deadline=None, derandomize=True, database=None,
+                              print_blob=True, suppress_health_check=slow_draws)
+    settings.register_profile("fmha-nightly", max_examples=200, deadline=None, print_blob=True,
+                              database=DirectoryBasedExampleDatabase(".hypothesis/nightly"),
+                              suppress_health_check=slow_draws)
+    # triage: first failure, unshrunk, fast (shrinking through the CPU interpreter takes minutes).
+    settings.register_profile("fmha-triage", settings.get_profile("fmha-ci"),
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+register_profiles()
+
+
+
+def law_settings(config):
+    """The hypothesis settings the laws run under: those of --hypothesis-profile when given,
+    else fmha-ci under CI and fmha-dev elsewhere."""
+    from hypothesis import settings
+
+    if config.getoption("hypothesis_profile", None):
+        return None  # hypothesis has loaded the profile as the default
+    return settings.get_profile("fmha-ci" if os.environ.get("CI") else "fmha-dev")
+
+
+def reproduce_command(item) -> str:
+    """A command that reruns `item` alone against the same kernel, runnable as printed from
+    the directory this session ran in (the test file by its absolute path)."""
+    config = item.config
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    args = ["pytest", f"{item.path}::{item.name}"]
+    if "kernel" in params:
+        args += ["--fmha-kernel", params["kernel"].name]
+    if "merge_kernel" in params:
+        args += ["--fmha-merge", params["merge_kernel"].name]
+    for option in _RERUN_OPTIONS:
+        value = config.getoption(option, None) if option != "--fmha-device" else config.stash[DEVICE]
+        if value:
+            args += [option, os.path.abspath(value) if option == "--fmha-known-failures" else value]
+    return shlex.join(args)
+
+
+def problem_params(problems, marks=()) -> list:
+    """pytest.param per Problem (or Sample), with its readable id."""
+    return [pytest.param(p, id=p.id, marks=marks) for p in problems]

@@ -1,0 +1,144 @@
+"""The kernels each law is proven on (`Law.mutant`, tests/test_law_mutants.py): a kernel, or a
+merge, with the one realistic bug the law is made for, and its correct twin, which obeys it.
+
+Dense laws: a plain float32 eager attention with one mistake switched on (it makes both
+promises, bitwise determinism and batch invariance, as the correct one keeps them); a D5 merge
+that takes max(lse) for logsumexp. Paged laws: the float64 reference kernel with one paged or
+sparse bug (fmha.regressions.paged_mutants). Plug one in like any kernel:
+
+    pytest --pyargs fmha.properties --fmha-kernel fmha.regressions.law_mutants:no_scale
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from fmha.contract import Capabilities, KernelEntry, MergeEntry, check_merge_args
+from fmha.kernels.torch_merge import merge as correct_merge
+from fmha.oracles.reference_kernel import ENTRY as REFERENCE
+from fmha.regressions import paged_mutants
+
+# bug -> what it does wrong
+BUGS = {
+    "no_scale": "missing 1/sqrt(D)",
+    "nan_leak": "0 * NaN from keys nobody sees",
+    "positional_bias": "a positional bias left on",
+    "logits_from_v": "logits read from V (K = V assumed)",
+    "head_modulo": "query head h -> KV head h % Hkv",
+    "prescale_k_in_place": "k scaled in place",
+    "batch_max": "softmax max over the whole batch",
+    "random_key_order": "reduction order changes per call",
+    "top_left": "top-left causal alignment",
+    "sink_added_not_exp": "sink added, not exp(sink)",
+    "window_capped": "window capped at 256 keys",
+}
+_calls = itertools.count()
+
+
+def eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, bug=None):
+    """A plain float32 attention, one batch row at a time (so rows do not depend on the batch
+    size); `bug` switches on one realistic mistake."""
+    if bug == "batch_max" or q.shape[0] == 1:
+        return _eager(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out, bug=bug)
+    rows = [_eager(q[b:b + 1], k[b:b + 1], v[b:b + 1] if v is not k else k[b:b + 1], scale=scale, causal=causal,
+                   window=window, sink=sink, bug=bug) for b in range(q.shape[0])]
+    o, lse = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o, lse
+
+
+def _eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, bug=None):
+    B, T, H, D = q.shape
+    S, group = k.shape[1], H // k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    if bug == "prescale_k_in_place" and 0 not in k.stride():  # saves a multiply per logit, and scales v too
+        k.mul_(scale)                                           # when k is v (a broadcast k cannot be written)
+        scale = 1.0
+    position = torch.arange(S)
+    if bug == "random_key_order":  # like an atomics-based reduction: the order alternates per call
+        position = torch.arange(S) if next(_calls) % 2 else torch.arange(S).flip(0)
+        k, v = k[:, position], v[:, position]
+    head = torch.arange(H) % k.shape[2] if bug == "head_modulo" else torch.arange(H) // group
+    keys = (v if bug == "logits_from_v" else k).float()[:, :, head]  # "K = V", assumed
+    values = v.float()[:, :, head]
+    s = torch.einsum("bthd,bshd->bhts", q.float(), keys) * (1.0 if bug == "no_scale" else scale)
+    if bug == "positional_bias":  # an ALiBi slope left on
+        s = s + 0.05 * position.float()
+    row = torch.arange(T)[:, None] + (0 if bug == "top_left" else S - T)
+    col = position[None, :]
+    visible = torch.ones(T, S, dtype=torch.bool)
+    if causal or window is not None:
+        visible &= col <= row
+    if window is not None:
+        visible &= col > row - (min(window, 256) if bug == "window_capped" else window)
+    if bug != "nan_leak":  # keys nobody sees are dropped, not multiplied by a zero weight
+        values = torch.where(visible.any(0)[None, :, None, None], values, 0.0)
+    s = s.masked_fill(~visible, -math.inf)
+    m = s.amax(dim=(0, -1) if bug == "batch_max" else -1, keepdim=True)
+    if sink is not None:
+        m = torch.maximum(m, sink.view(1, -1, 1, 1))
+    m = m.nan_to_num(neginf=0.0)
+    e = torch.exp(s - m)
+    denominator = e.sum(-1, keepdim=True)
+    if sink is not None:
+        sink_term = sink.view(1, -1, 1, 1) if bug == "sink_added_not_exp" else torch.exp(sink.view(1, -1, 1, 1) - m)
+        denominator = denominator + sink_term
+    p = e / torch.where(denominator == 0, 1.0, denominator)
+    o = torch.einsum("bhts,bshd->bthd", p, values).to(q.dtype)
+    lse = torch.where(denominator == 0, -math.inf, m + torch.log(denominator)).squeeze(-1)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o, lse
+
+
+PROMISING = Capabilities(promises=frozenset({"bitwise_deterministic", "batch_invariant"}))
+
+
+def eager_kernel(bug: str | None, capabilities: Capabilities = PROMISING) -> KernelEntry:
+    """The eager kernel with `bug` (None: the correct one) as a plug-in that makes both promises."""
+    return KernelEntry(name=f"eager-{bug or 'correct'}".replace("_", "-"),
+                       fn=lambda *a, **kw: eager(*a, bug=bug, **kw), capabilities=capabilities,
+                       default_devices=(), description=BUGS.get(bug, "the correct eager kernel"))
+
+
+def max_instead_of_logsumexp(parts, sink=None):
+    """A D5 merge that takes L = max(lse_i) instead of log(sum exp(lse_i))."""
+    check_merge_args(parts, sink)
+    lses = torch.stack([lse for _, lse in parts])
+    top = lses.amax(0)
+    o = sum(torch.exp(lse - top).transpose(1, 2)[..., None] * o.float() for o, lse in parts)
+    return o.to(parts[0][0].dtype), top
+
+
+def max_instead_of_logsumexp(parts, sink=None):
+    """A D5 merge that takes L = max(lse_i) instead of log(sum exp(lse_i))."""
+    check_merge_args(parts, sink)
+    lses = torch.stack([lse for _, lse in parts])
+    top = lses.amax(0)
+    o = sum(torch.exp(lse - top).transpose(1, 2)[..., None] * o.float() for o, lse in parts)
+    return o.to(parts[0][0].dtype), top
+
+
+CORRECT = eager_kernel(None)
+CORRECT_MERGE = MergeEntry("torch-merge", correct_merge)
+MAX_MERGE = MergeEntry("max-merge", max_instead_of_logsumexp, description="merge takes max(lse), not logsumexp")
+
+# name -> (the kernel or merge with the bug, its correct twin)
+MUTANTS: dict[str, tuple[KernelEntry | MergeEntry, KernelEntry | MergeEntry]] = {
+    **{bug: (eager_kernel(bug), CORRECT) for bug in BUGS},
+    "max_merge": (MAX_MERGE, CORRECT_MERGE),
+    **{name: (entry, REFERENCE) for name, entry in paged_mutants.MUTANTS.items()},
+}
+
+
+def __getattr__(name: str):
+    """`fmha.regressions.law_mutants:<name>` as a plug-in: the mutant's entry."""
+    if name in MUTANTS:
+        return MUTANTS[name][0]
+    raise AttributeError(f"no law mutant {name!r}; law mutants: {', '.join(MUTANTS)}")

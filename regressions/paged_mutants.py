@@ -1,0 +1,196 @@
+"""Kernels with the bugs paged and index-sparse kernels have shipped, for contract v2's laws
+and traps to catch. Each is the float64 reference kernel (fmha.oracles.reference_kernel) with one
+mistake, so its failures are that mistake's alone; each claims the reference's capabilities
+and promises. Plug one in like any kernel:
+
+    pytest --pyargs fmha.properties --fmha-kernel fmha.regressions.paged_mutants:topk_len_ignored
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, reference
+from fmha.contract import KernelEntry
+from fmha.contract import cache_layouts
+from fmha.oracles import quantization
+from fmha.oracles.reference import merge
+from fmha.regressions.mutation import Mutant
+
+
+def _bug(fn):
+    """The bug lives on one path: a call without the arguments that path reads (a dense call,
+    a paged call for a bug in the indices, an unquantized cache for a decoding bug) is the
+    reference's, as a kernel with every path would run it, so a law catches the bug and not
+    a missing argument."""
+    needs = [name for name, p in inspect.signature(fn).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+
+    @functools.wraps(fn)
+    def kernel(q, k, v, **kwargs):
+        dense = kwargs.get("block_table") is None and kwargs.get("indices") is None
+        if dense or any(kwargs.get(name) is None for name in needs):
+            return reference(q, k, v, **kwargs)
+        return fn(q, k, v, **kwargs)
+
+    return kernel
+
+
+def _one_line(doc: str) -> str:
+    """A docstring's first paragraph as the kill matrix's one-line bug: "the last page ..."."""
+    text = " ".join(doc.split("\n\n")[0].split()).rstrip(".")
+    return text[0].lower() + text[1:]
+
+
+@_bug
+def one_table_row(q, k, v, *, block_table, **kw):
+    """Every request reads the block table's first row (a row stride of 0)."""
+    return reference(q, k, v, block_table=block_table[:1].expand_as(block_table).contiguous(), **kw)
+
+
+@_bug
+def whole_last_page(q, k, v, *, block_table, kv_lens, **kw):
+    """A request's last, partial page read whole: the slots past its kv length count too."""
+    pages = -(-kv_lens // k.shape[1])
+    return reference(q, k, v, block_table=block_table, kv_lens=(pages * k.shape[1]).to(torch.int32), **kw)
+
+
+@_bug
+def contiguous_pages(q, k, v, *, block_table, **kw):
+    """Page i of a request assumed at block_table[b, 0] + i: pages allocated in one run."""
+    first = block_table[:, :1].long()
+    assumed = (first + torch.arange(block_table.shape[1], device=block_table.device)) % k.shape[0]
+    return reference(q, k, v, block_table=assumed.to(torch.int32), **kw)
+
+
+@_bug
+def power_of_two_pages(q, k, v, *, block_table, kv_lens, **kw):
+    """Slot arithmetic with shifts and masks, j >> log2(block_size) and j & (block_size - 1):
+    right for powers of two only.
+
+    Expressed as the slots it reads, remapped into the table."""
+    block_size = k.shape[1]
+    shift = max(block_size.bit_length() - 1, 0)
+    if block_size == 1 << shift:
+        return reference(q, k, v, block_table=block_table, kv_lens=kv_lens, **kw)
+    # Logical key j lands in page j >> shift at offset j & mask: as if pages held 2**shift keys.
+    flat = torch.arange(block_table.shape[1] * block_size, device=k.device)
+    wrong = block_table.long()[:, (flat >> shift).clamp(max=block_table.shape[1] - 1)] * block_size + (flat & ((1 << shift) - 1))
+    pages = k.flatten(0, 1)[wrong.flatten()].view(-1, block_size, *k.shape[2:])
+    values = pages if v is k else v.flatten(0, 1)[wrong.flatten()].view(-1, block_size, *v.shape[2:])
+    table = torch.arange(pages.shape[0], device=k.device, dtype=torch.int32).view(block_table.shape[0], -1)
+    return reference(q, pages, values, block_table=table, kv_lens=kv_lens, **kw)
+
+
+@_bug
+def batch_drops_last_key(q, k, v, *, kv_lens, **kw):
+    """The multi-request path stops one key short (B > 1 only): a request alone is right."""
+    if kv_lens.shape[0] > 1:
+        kv_lens = (kv_lens - 1).clamp(min=0)
+    return reference(q, k, v, kv_lens=kv_lens, **kw)
+
+
+@_bug
+def no_keys_nan(q, k, v, *, kv_lens, **kw):
+    """A request with no keys divides 0 by 0."""
+    o, lse = reference(q, k, v, kv_lens=kv_lens, **kw)
+    if kw.get("cu_seqlens_q") is None:
+        o[kv_lens == 0] = float("nan")
+    else:
+        bounds = kw["cu_seqlens_q"].tolist()
+        for b in torch.nonzero(kv_lens == 0).flatten().tolist():
+            o[bounds[b]:bounds[b + 1]] = float("nan")
+    return o, lse
+
+
+@_bug
+def minus_one_is_slot_0(q, k, v, *, indices, extra_indices=None, **kw):
+    """-1 read as slot 0 (an unsigned index, or a clamp before the mask)."""
+    extra = {} if extra_indices is None else dict(extra_indices=extra_indices.clamp(min=0))
+    return reference(q, k, v, indices=indices.clamp(min=0), **extra, **kw)
+
+
+@_bug
+def minus_one_counts(q, k, v, *, indices, topk_len=None, sink=None, out=None, **kw):
+    """A -1 masked to logit 0 instead of -inf: each adds exp(0) to the denominator."""
+    o, lse = reference(q, k, v, indices=indices, topk_len=topk_len, sink=sink, **kw)
+    read = torch.arange(indices.shape[-1], device=q.device) < (indices.shape[-1] if topk_len is None
+                                                               else topk_len.view(-1, 1, 1))
+    invalid = ((indices == -1) & read).sum(-1).double()  # (B, T)
+    wider = torch.logaddexp(lse.double(), invalid.log().unsqueeze(1))
+    o = (o.double() * torch.exp(lse.double() - wider).transpose(1, 2)[..., None]).to(q.dtype)
+    return (o if out is None else out.copy_(o)), wider.float()
+
+
+@_bug
+def topk_len_ignored(q, k, v, *, topk_len=None, extra_topk_len=None, **kw):
+    """Every index read, past topk_len too."""
+    return reference(q, k, v, **kw)
+
+
+@_bug
+def last_index_dropped(q, k, v, *, indices, **kw):
+    """One index short per row (a loop bound of topk - 1)."""
+    return reference(q, k, v, indices=torch.cat([indices[..., :-1], torch.full_like(indices[..., -1:], -1)], -1), **kw)
+
+
+@_bug
+def sink_per_scope(q, k, v, *, sink=None, extra_k_cache=None, extra_indices=None, extra_topk_len=None,
+                   extra_cache_layout=None, out=None, **kw):
+    """Each scope's softmax with the sink, merged: the sink joins the denominator twice."""
+    if extra_k_cache is None:
+        return reference(q, k, v, sink=sink, out=out, **kw)
+    main = reference(q, k, v, sink=sink, **kw)
+    extra = reference(q, extra_k_cache, extra_k_cache, sink=sink, indices=extra_indices, topk_len=extra_topk_len,
+                      cache_layout=extra_cache_layout, scale=kw.get("scale"))
+    o, lse = merge([main, extra])
+    o = o.to(q.dtype)
+    return (o if out is None else out.copy_(o)), lse.float()
+
+
+def _decoded_as(k, layout, mistake):
+    """A quantized cache decoded with one mistake, as a bf16 cache (every value it can
+    hold is a bf16 value)."""
+    spec = quantization.LAYOUTS[layout]
+    num_blocks, block_size = k.shape[:2]
+    pages = quantization.pages_of(k).clone()
+    if mistake == "scale of the next tile":
+        scales = pages[:, block_size * spec.data_bytes:].view(num_blocks, block_size, spec.scale_bytes)
+        scales[..., :spec.tiles] = scales[..., :spec.tiles].roll(-1, dims=-1).clone()
+        return quantization.dequantize(pages, spec, block_size).to(torch.bfloat16)
+    values = quantization.dequantize(pages, spec, block_size)
+    data = pages[:, :block_size * spec.data_bytes].view(num_blocks, block_size, spec.data_bytes)
+    values[:, :, 0, spec.quantized_dims:] = quantization.decode(data[..., -2 * spec.rope_dims:-spec.rope_dims].long(),
+                                                                cache_layouts.E4M3)
+    return values.to(torch.bfloat16)
+
+
+@_bug
+def fp8_scale_of_the_next_tile(q, k, v, *, cache_layout, **kw):
+    """Tile i's elements times tile i+1's scale."""
+    cache = _decoded_as(k, cache_layout, "scale of the next tile")
+    return reference(q, cache, cache, **kw)
+
+
+@_bug
+def rope_read_as_fp8(q, k, v, *, cache_layout, **kw):
+    """The bf16 rope dims' bytes read as FP8 like the rest."""
+    cache = _decoded_as(k, cache_layout, "rope")
+    return reference(q, cache, cache, **kw)
+
+
+_ALL = (one_table_row, whole_last_page, contiguous_pages, power_of_two_pages, batch_drops_last_key, no_keys_nan,
+        minus_one_is_slot_0, minus_one_counts, topk_len_ignored, last_index_dropped, sink_per_scope,
+        fp8_scale_of_the_next_tile, rope_read_as_fp8)
+for _fn in _ALL:
+    _fn.capabilities = REFERENCE  # as a plug-in (--fmha-kernel ...:name) it claims what the reference does
+MUTANTS = {fn.__name__: KernelEntry(name=fn.__name__.replace("_", "-"), fn=fn, capabilities=REFERENCE,
+                                    default_devices=(), description=_one_line(fn.__doc__)) for fn in _ALL}
+
+
+def as_mutant(trap: str, name: str) -> Mutant:
+    """Kernel `name` of this module as the mutant that proves trap `trap`'s cases."""
+    return Mutant(trap, trap, MUTANTS[name].description, lambda: MUTANTS[name])

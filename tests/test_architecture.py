@@ -1,0 +1,189 @@
+"""The layers of docs/architecture.md, read from the import graph of the installed package: no
+module imports from a layer above its own (lazy imports inside functions included), and the
+module-level imports have no cycle."""
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+# Lowest first. A module belongs to the layer of the longest prefix that names it.
+LAYERS = [
+    ("contract", ("fmha.contract", "fmha.tables")),
+    ("kernels", ("fmha", "fmha.kernels", "fmha.adapters", "fmha.dispatch")),
+    ("oracles", ("fmha.oracles",)),
+    ("catalogue and tools", ("fmha.registry", "fmha.bench")),
+    ("properties", ("fmha.properties",)),
+    ("regressions", ("fmha.regressions",)),
+    ("ci", ("fmha.ci",)),
+]
+PACKAGES = ("fmha", "fmha.oracles", "fmha.properties", "fmha.regressions", "fmha.ci")
+
+
+def layer_of(module: str) -> int:
+    matches = [(len(prefix), rank) for rank, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module}: in no layer of tests/test_architecture.py"
+    return max(matches)[1]
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package, by name (the suite's folders install inside fmha)."""
+    found = {}
+    for package in PACKAGES:
+        root = Path(importlib.util.find_spec(package).origin).parent
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            if any(part.startswith(".") or part == "__pycache__" for part in parts):
+                continue
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            found.setdefault(name, path)
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
+    """(fmha module imported, at module level?) for every import in `path`; imports only for type
+    checking are left out."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node, top: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, top) for alias in child.names if alias.name.split(".")[0] == "fmha")
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and (child.module or "").split(".")[0] == "fmha":
+                for alias in child.names:
+                    submodule = f"{child.module}.{alias.name}"
+                    found.append((submodule if submodule in MODULES else child.module, top))
+            visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+
+    visit(tree, True)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_every_module_is_in_a_layer():
+    for name in MODULES:
+        layer_of(name)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = [f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+              for name, imports in GRAPH.items() for target, _ in imports if layer_of(target) > layer_of(name)]
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_module_level_imports_have_no_cycle():
+    edges = {name: {target for target, top in imports if top and target != name} for name, imports in GRAPH.items()}
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == "open":
+                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(target):] + [target]))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """The check can fail: an oracle module importing the registry is reported."""
+    path = tmp_path / "bad.py"
+    path.write_text("from fmha.registry import KERNELS\n")
+    assert [layer_of(target) > layer_of("fmha.oracles.bad") for target, _ in _imports("fmha.oracles.bad", path)] == [True]
+
+
+# -- the recipes of docs/architecture.md run as written ----------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def _recipe(title: str) -> str:
+    section = DOC.read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_add_a_kernel_recipe_gives_an_entry_that_runs_what_it_declares():
+    import torch
+
+    from fmha.contract import NotSupportedError, Problem
+    from fmha.oracles.check import check_sample
+    from fmha.oracles.sample import Sample
+
+    scope = {"torch": torch}
+    exec(_recipe("Add a kernel"), scope)
+    entry = scope["ENTRY"]
+    inside = Problem(batch=2, q_len=1, kv_len=70, heads_q=4, heads_kv=2, head_dim=128)
+    verdict = check_sample(entry, Sample(problem=inside))
+    assert verdict.passed, verdict.message()
+    assert entry.not_supported_reasons(inside.replace(q_len=3), "cpu") == ["T=3 > max 1"]
+    outside = Sample(problem=inside.replace(head_dim=64)).inputs()
+    with pytest.raises(NotSupportedError, match="head dim D=64 unsupported"):
+        entry(outside.q, outside.k, outside.v)
+
+
+def test_the_add_a_law_recipe_is_one_record_the_suite_picks_up(monkeypatch):
+    import importlib
+
+    from hypothesis import settings
+
+    from fmha.properties import catalog, laws
+    from fmha.properties.law import assert_agrees, law
+    from fmha.oracles.check import oracle_of
+    from fmha.regressions.law_mutants import MUTANTS
+    from fmha.registry import KERNELS
+
+    scope = {"law": law, "oracle_of": oracle_of, "assert_agrees": assert_agrees}
+    exec(_recipe("Add a law"), scope)
+    new = scope["q_scale_trade"]
+    monkeypatch.setattr(laws, "q_scale_trade", new, raising=False)
+    try:
+        assert importlib.reload(catalog).LAWS["q_scale_trade"] is new
+        from fmha.properties import test_laws
+        assert callable(getattr(importlib.reload(test_laws), new.test))
+    finally:
+        monkeypatch.undo()
+        importlib.reload(catalog)
+    quick = settings(max_examples=5, derandomize=True, database=None, deadline=None)
+    new.run("cpu", KERNELS["reference"], settings=quick)
+    with pytest.raises(AssertionError):
+        new.run("cpu", MUTANTS[new.mutant][0], settings=quick)
+
+
+def test_the_add_an_adapter_recipe_translates_the_librarys_conventions():
+    import math
+    import types
+
+    import torch
+
+    from fmha.contract import Problem
+    from fmha.oracles import reference
+    from fmha.oracles.check import check_sample
+    from fmha.oracles.sample import Sample
+
+    def forward(q, k, v, scale, causal):  # a library whose LSE is in base 2, as FlashInfer's
+        o, lse = reference.attention(q, k, v, scale=scale, causal=causal)
+        return o.to(q.dtype), (lse / math.log(2)).float()
+
+    scope = {"torch": torch, "library": types.SimpleNamespace(forward=forward)}
+    exec(_recipe("Add an adapter"), scope)
+    entry = scope["ENTRIES"][0]
+    sample = Sample(problem=Problem(batch=1, q_len=5, kv_len=40, heads_q=4, heads_kv=2, head_dim=64, causal=True))
+    verdict = check_sample(entry, sample)
+    assert verdict.passed, verdict.message()
+    assert "window" in " ".join(entry.not_supported_reasons(sample.problem.replace(window=4), "cpu"))
