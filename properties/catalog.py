@@ -4,11 +4,15 @@ matrix's columns, `fmha.ci.verify`'s fast pass and docs/laws.md follow from the 
 
 from __future__ import annotations
 
-from fmha.properties import laws, paged_laws
+import importlib
+
 from fmha.properties.law import Law
 
-LAWS: dict[str, Law] = {law.name: law for module in (laws, paged_laws)
-                        for law in vars(module).values() if isinstance(law, Law)}
+# By import_module, not `from fmha.properties import laws`: a session that unloaded the modules
+# (pytester's in-process runs do) would find the package's stale attribute, whose records are
+# of the old Law class.
+MODULES = [importlib.import_module(f"fmha.properties.{name}") for name in ("laws", "paged_laws")]
+LAWS: dict[str, Law] = {law.name: law for module in MODULES for law in vars(module).values() if isinstance(law, Law)}
 
 
 def law_of_test(test: str) -> Law | None:
