@@ -14,7 +14,7 @@ import torch
 from fmha.contract import KernelEntry
 from fmha.contract.paged import output_shape
 from fmha.oracles import key_sources
-from fmha.oracles.diagnose import explain
+from fmha.oracles.diagnose import explain, nondeterminism
 from fmha.oracles.metrics import measure
 from fmha.oracles.sample import Inputs, Sample
 from fmha.oracles.verdict import Tolerance, Verdict, judge
@@ -81,6 +81,30 @@ def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, 
     return o, lse
 
 
+def bitwise_difference(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """How `a` and `b` differ bit for bit (NaN payloads included): how many elements and the
+    first; None when they do not."""
+    if a.shape != b.shape:
+        return f"shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}"
+    differ = a.contiguous().view(INT_VIEW.get(a.dtype, a.dtype)) != b.contiguous().view(INT_VIEW.get(b.dtype, b.dtype))
+    if not differ.any():
+        return None
+    first = tuple(torch.nonzero(differ)[0].tolist())
+    return (f"{int(differ.sum())} of {differ.numel()} elements differ bitwise; first at {first}: "
+            f"{a[first].item()!r} vs {b[first].item()!r}")
+
+
+def first_difference(kernel: KernelEntry, inputs: Inputs) -> str | None:
+    """How two identical calls of `kernel` on `inputs` differ (None: bit for bit the same)."""
+    first, second = run_kernel(kernel, inputs), run_kernel(kernel, inputs)
+    for name in ("o", "lse"):
+        a, b = getattr(first, name), getattr(second, name)
+        differ = None if a is None or b is None else bitwise_difference(a, b)
+        if differ:
+            return f"{name}: {differ}"
+    return None
+
+
 def oracle_of(inputs: Inputs) -> key_sources.Oracle:
     """The float64 answer `inputs` are judged against (for ragged queries shaped as one
     request of total_q rows, as `as_batch` shapes the kernel's)."""
@@ -110,7 +134,8 @@ def judge_run(run: Run, oracle: key_sources.Oracle | None = None, kernel: Kernel
                       logit_magnitude=oracle.logit_magnitude, underflow=oracle.underflow)
     verdict = judge(metrics, tolerance)
     if not verdict.passed:
-        verdict.hints += explain(run, oracle, verdict, kernel)
+        verdict.hints += (nondeterminism(kernel, run) if kernel is not None else []) or explain(run, oracle, verdict,
+                                                                                                kernel)
     return verdict
 
 

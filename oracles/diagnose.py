@@ -121,6 +121,8 @@ def _rel_l2(o: torch.Tensor, ref: torch.Tensor) -> float:
 def explain(run: Run, oracle: Oracle, verdict: Verdict, kernel: KernelEntry | None = None) -> list[str]:
     """Likely causes of the failing `verdict` on `run`, each with its evidence."""
     x, floor = run.inputs, verdict.metrics.floor
+    if x.problem.source == "paged":
+        return _wrong_requests(run, oracle, floor)
     if x.problem.source != "dense":
         return []  # the wrong references here are written for dense keys
     error = _rel_l2(run.o, oracle.o)
@@ -143,6 +145,42 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict, kernel: KernelEntry | No
     if kernel is not None and not verdict.metrics.unwritten:
         hints += _reruns(kernel, run, verdict)
     return hints
+
+
+def nondeterminism(kernel: KernelEntry, run: Run) -> list[str]:
+    """Two identical calls that differ: a finding of its own, whatever else failed."""
+    from fmha.oracles.check import first_difference  # check imports this module
+
+    differ = first_difference(kernel, run.inputs)
+    return [f"nondeterministic output: two identical calls differ: {differ}"] if differ else []
+
+
+def _wrong_requests(run: Run, oracle: Oracle, floor: float) -> list[str]:
+    """Which requests of a paged call have the wrong rows, and (when they all follow one) the
+    ragged request with no query rows before them: a launch that drops such requests shifts
+    the ones after them onto other requests' keys."""
+    x = run.inputs
+    q_lens, kv_lens = x.sample.request_lengths()
+    o = run.o if x.problem.ragged else run.o.flatten(0, 1)  # rows of every request, one after another
+    want = oracle.o.flatten(0, 1)
+    bounds = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    wrong = []
+    for b, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        got = torch.nan_to_num(o[start:end].double(), nan=1e300)
+        error = float((got - want[start:end]).norm()) / max(float(want[start:end].norm()), 1e-300)
+        if end > start and not error <= 16 * max(floor, 2.0**-8):
+            wrong.append(b)
+    if not wrong:
+        return []
+    empty = [b for b, n in enumerate(q_lens) if n == 0]
+    after = [b for b in range(empty[0] + 1, len(q_lens)) if q_lens[b]] if empty else []
+    if x.problem.ragged and empty and wrong == after:
+        return [f"the rows of requests {', '.join(map(str, wrong))} are wrong, and every one comes after request "
+                f"{empty[0]}, which has no query rows (cu_seqlens_q[{empty[0]}] == cu_seqlens_q[{empty[0] + 1}]): a "
+                "launch that drops requests with no query rows gives the requests after them other requests' keys "
+                "(vLLM's decode launch did)"]
+    return [f"the wrong rows are those of requests {', '.join(map(str, wrong))} of {len(q_lens)} (query rows "
+            f"{[q_lens[b] for b in wrong]}, keys {[kv_lens[b] for b in wrong]})"]
 
 
 def _lse_conventions(run: Run, oracle: Oracle) -> list[str]:

@@ -25,6 +25,27 @@ HUGE_BYTES = {"e4m3fn": 0x7E, "e2m1": 0x7}
 NAN_SCALE, HUGE_SCALE = 0xFF, 127 + 40
 
 
+def request_facts(sample: Sample) -> dict:
+    """What the sample's requests hold that a kernel may not support (fmha.contract.PER_REQUEST):
+    a ragged request with no query rows, a request with more query rows than keys, a query
+    row that sees no key (causal past its keys, a request with no keys, a sparse row whose
+    indices are all -1 or past topk_len in every scope)."""
+    p = sample.problem
+    if p.source == "paged":
+        pairs = list(zip(*sample.request_lengths()))
+        return dict(empty_query_requests=p.ragged and any(q == 0 for q, _ in pairs),
+                    q_len_over_kv_len=any(q > kv for q, kv in pairs),
+                    rows_without_keys=any(q and (kv == 0 or (p.causal and q > kv)) for q, kv in pairs))
+    B, T = p.batch, p.q_len
+    sees_a_key = torch.zeros(B, T, dtype=torch.bool)
+    for scope, topk, lengths in ((1, p.kv_len, sample.topk_lens), (2, p.extra_topk, sample.extra_topk_lens)):
+        if topk:
+            _, invalid, _ = _row_draws(sample, scope, B, T, topk)
+            read = torch.arange(topk) < torch.tensor(lengths or (topk,) * B).view(B, 1, 1)
+            sees_a_key |= (read & ~invalid).any(-1)
+    return dict(empty_query_requests=False, q_len_over_kv_len=False, rows_without_keys=not bool(sees_a_key.all()))
+
+
 def inputs(sample: Sample, g: torch.Generator, q, k, v, sink, device, fill: float) -> Inputs:
     if sample.problem.source == "paged":
         return _paged(sample, g, q, k, v, sink, device, fill)
@@ -113,23 +134,38 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
     T = p.q_len
     num_blocks = math.ceil((B * topk + 1) / block_size)  # at least one slot of poison
     slots = torch.randperm(num_blocks * block_size, generator=g)[:B * topk].view(B, topk)
+    if sample.last_slot and B * topk and num_blocks * block_size - 1 not in slots:
+        slots.view(-1)[-1] = num_blocks * block_size - 1  # it held poison: now the last key read
+    order, invalid, (repeated, source) = _row_draws(sample, scope, B, T, topk)
+    indices = torch.gather(slots[:, None, :].expand(B, T, topk), 2, order) if topk else slots.new_zeros(B, T, 0)
+    indices = torch.where(repeated, torch.gather(indices, 2, source), indices)
+    indices = torch.where(invalid, -1, indices).to(torch.int32).to(cast["device"])
     cache = torch.full((num_blocks * block_size, *k.shape[2:]), fill, **cast)
     cache[slots.flatten()] = k.flatten(0, 1).to(**cast)
     cache = cache.view(num_blocks, block_size, *k.shape[2:])
-    rows = torch.Generator().manual_seed(sample.seed * 8 + scope)
-    order = torch.stack([torch.stack([torch.randperm(topk, generator=rows) for _ in range(T)]) for _ in range(B)])
-    indices = torch.gather(slots[:, None, :].expand(B, T, topk), 2, order) if topk else slots.new_zeros(B, T, 0)
-    if sample.invalid:
-        indices[torch.rand(indices.shape, generator=rows) < sample.invalid] = -1
-    indices = indices.to(torch.int32).to(cast["device"])
     topk_len = None if topk_lens is None else torch.tensor(topk_lens, dtype=torch.int32, device=cast["device"])
-    k_call, oracle_cache = _quantized(cache, layout, slots.flatten(), fill)
+    k_call, oracle_cache = _quantized(cache, layout, slots.flatten(), fill, sample.cache_exponent, sample.outliers)
     args = {f"{prefix}k_cache": k_call, f"{prefix}indices": indices, f"{prefix}topk_len": topk_len,
             f"{prefix}cache_layout": layout}
     return args, [key_sources.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
 
 
-def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill: float):
+def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int):
+    """Which of its request's keys each query row reads, in which order (B, T, topk), which of
+    its entries are -1, and which repeat another entry of the row (the mask and the entry):
+    from a generator of the scope's own, so the same in any block size."""
+    rows = torch.Generator().manual_seed(sample.seed * 8 + scope)
+    order = torch.stack([torch.stack([torch.randperm(topk, generator=rows) for _ in range(T)]) for _ in range(B)]
+                        ) if B and T else torch.zeros(B, T, topk, dtype=torch.long)
+    shape = (B, T, topk)
+    invalid = (torch.rand(shape, generator=rows) < sample.invalid) if sample.invalid else torch.zeros(shape, dtype=torch.bool)
+    if not sample.repeats or not topk:
+        return order, invalid, (torch.zeros(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.long))
+    return order, invalid, (torch.rand(shape, generator=rows) < sample.repeats, torch.randint(0, topk, shape, generator=rows))
+
+
+def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill: float, exponent: int = 0,
+               outliers: bool = False):
     """The cache as the call passes it and as the oracle reads it: the same tensor, or the
     layout's bytes (num_blocks, block_size, 1, token_bytes) and their exact float64 values.
     The bytes of tokens outside `read` (flat slots) are poison: NaN codes for a NaN `fill`,
@@ -142,8 +178,13 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill
     # Tiles of different magnitudes (x 1/4 to x 4), as a real latent cache has: with one
     # magnitude everywhere every tile gets the same scale, and a kernel applying the wrong
     # tile's scale would pass.
-    magnitudes = 2.0 ** (torch.arange(spec.tiles, dtype=torch.float64, device=cache.device) % 5 - 2)
+    magnitudes = 2.0 ** (torch.arange(spec.tiles, dtype=torch.float64, device=cache.device) % 5 - 2 + exponent)
     clean[..., :spec.quantized_dims] *= magnitudes.repeat_interleave(spec.tile)
+    if outliers:  # each tile's largest element 2^10 larger: the tile's scale follows it, and its
+        # other elements take the small codes, subnormal ones included (by value, not by slot)
+        tiles = clean[..., :spec.quantized_dims].unflatten(-1, (spec.tiles, spec.tile))
+        column = tiles.abs().argmax(dim=-1, keepdim=True)
+        tiles.scatter_(-1, column, tiles.gather(-1, column) * 2.0**10)
     pages = quantization.quantize(clean, spec)
     unread = torch.ones(num_blocks * block_size, dtype=torch.bool, device=cache.device)
     unread[read.to(cache.device)] = False

@@ -45,6 +45,10 @@ class Sample:
     extra_topk_lens: tuple[int, ...] | None = None  # the second scope's
     invalid: float = 0.0  # sparse: the share of indices that are -1
     shared_pages: bool = False  # paged: requests share request 0's first page (its keys too)
+    repeats: float = 0.0  # sparse: the share of a row's indices that repeat another of its indices
+    last_slot: bool = False  # sparse: a key in the cache's last slot (the last page's last offset)
+    cache_exponent: int = 0  # quantized caches: keys scaled by 2^e (ue8m0 scales toward an end)
+    outliers: bool = False  # quantized caches: one element a tile 2^10 larger (subnormal codes beside it)
     name: str = field(default="", compare=False)  # what about this sample matters (trap cases)
 
     def __post_init__(self):
@@ -68,6 +72,14 @@ class Sample:
             if len(lengths) != p.batch or not all(0 <= n <= upper for n in lengths):
                 raise ValueError(f"{name}: expected {p.batch} lengths in [0, {upper}], got {lengths}")
             object.__setattr__(self, name, tuple(int(n) for n in lengths))
+        if (self.repeats or self.last_slot) and p.source != "sparse":
+            raise ValueError("repeats, last_slot: they lay out index-sparse samples")
+        if (self.cache_exponent or self.outliers) and not p.cache_layouts:
+            raise ValueError("cache_exponent, outliers: they shape quantized caches")
+        if p.source != "dense":  # what each request holds decides what the kernel must support
+            from fmha.oracles import paging  # paging builds on this module
+
+            object.__setattr__(self, "problem", p.replace(**paging.request_facts(self)))
 
     @property
     def storages(self) -> dict[str, str]:
@@ -91,8 +103,11 @@ class Sample:
                 parts.append(f"{name}{shown}" + (f"..{zlib.crc32(repr(lengths).encode()):08x}" if len(lengths) > 6 else ""))
         if self.invalid:
             parts.append(f"invalid{self.invalid:.3g}")
-        if self.shared_pages:
-            parts.append("shared_pages")
+        if self.repeats:
+            parts.append(f"repeats{self.repeats:.3g}")
+        if self.cache_exponent:
+            parts.append(f"cache2^{self.cache_exponent}")
+        parts += [flag for flag in ("shared_pages", "last_slot", "outliers") if getattr(self, flag)]
         return "-".join(parts)
 
     def replace(self, **changes) -> Sample:
@@ -105,6 +120,12 @@ class Sample:
 
     def __repr__(self) -> str:
         return f"Sample({repr_fields(self, name='')})"
+
+    def request_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """A paged sample's (query rows, keys) of each request."""
+        p = self.problem
+        q_lens = (self.q_lens if p.ragged else None) or (p.q_len,) * p.batch
+        return q_lens, self.kv_lens or (p.kv_len,) * p.batch
 
     def inputs(self, device="cpu", tail_fill: float = float("nan")) -> Inputs:
         """The sample's tensors on `device`; `tail_fill` is what sliced and strided storage

@@ -15,20 +15,24 @@ for one that does not (`assert_same`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import pytest
 import torch
 from hypothesis import assume, example, given, note, reject
-from hypothesis.errors import FailedHealthCheck, Unsatisfiable
+from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 
 from fmha.contract import FULL_CONTRACT, KernelEntry, NotSupportedError
-from fmha.oracles.check import INT_VIEW, oracle_of
+from fmha.oracles.check import bitwise_difference, first_difference, oracle_of
 from fmha.oracles.key_sources import Oracle
 from fmha.oracles.metrics import measure
 from fmha.oracles.sample import Inputs, Sample
 from fmha.oracles.verdict import TOLERANCES, judge, two_sided
+
+if sys.version_info < (3, 11):  # hypothesis brings the backport there
+    from exceptiongroup import BaseExceptionGroup
 
 # What a law draws: dense samples (properties/strategies.py), paged or sparse ones
 # (properties/paged_strategies.py), or samples for a merge alone.
@@ -46,6 +50,8 @@ class Law:
     needs: tuple[str, ...] = ()  # features or sources every draw uses: the kernel must declare them all
     operands: str = "kernel"  # among OPERANDS
     exact_under: str | None = None  # the promise under which it holds bitwise
+    label: str | None = None  # its name where several laws share one check (else the check's)
+    doc: str | None = None  # what it says, where the check's docstring is another law's
 
     def __post_init__(self):
         if self.draws not in DRAWS or self.operands not in OPERANDS:
@@ -55,12 +61,12 @@ class Law:
 
     @property
     def name(self) -> str:
-        return self.check.__name__
+        return self.label or self.check.__name__
 
     @property
     def summary(self) -> str:
         """The first sentence of its docstring."""
-        doc = " ".join((self.check.__doc__ or self.name).split())
+        doc = " ".join((self.doc or self.check.__doc__ or self.name).split())
         return doc.split(". ")[0].rstrip(".") + "."
 
     def __call__(self, *args):
@@ -76,7 +82,7 @@ class Law:
         if not caps.sources & set(self.sources):
             pytest.skip(f"{kernel.name}: this law needs a {' or '.join(self.sources)} source; the kernel declares "
                         f"{', '.join(sorted(caps.sources))} (Capabilities.sources)")
-        missing = [n for n in self.needs if n not in caps.sources | caps.features]
+        missing = [n for n in self.needs if n not in caps.sources | caps.features | caps.cache_layouts]
         if missing:
             pytest.skip(f"{kernel.name}: this law needs {', '.join(missing)} ("
                         + "; ".join(caps.notes.get(n, f"no {n} support") for n in missing) + ")")
@@ -132,14 +138,9 @@ def law(*, test: str, mutant: str, draws: str = "dense", sources: tuple[str, ...
 
 def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     """Same bits (NaN payloads included), else say how many and where the first one is."""
-    assert a.shape == b.shape, f"{what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}"
-    bits_a = a.contiguous().view(INT_VIEW.get(a.dtype, a.dtype))
-    bits_b = b.contiguous().view(INT_VIEW.get(b.dtype, b.dtype))
-    differ = bits_a != bits_b
-    if differ.any():
-        first = tuple(torch.nonzero(differ)[0].tolist())
-        raise AssertionError(f"{what}: {int(differ.sum())} of {differ.numel()} elements differ bitwise; "
-                             f"first at {first}: {a[first].item()!r} vs {b[first].item()!r}")
+    differ = bitwise_difference(a, b)
+    if differ:
+        raise AssertionError(f"{what}: {differ}")
 
 
 def assert_agrees(o: torch.Tensor, reference_o: torch.Tensor, what: str, lse=None, reference_lse=None,
@@ -198,8 +199,11 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
     samples from `strategy`; a failure prints the shrunk sample, the `reproduce` command and
     the @example line that pins it. A call the kernel refuses with NotSupportedError rejects
     that sample; when every sample is refused, the test is skipped with the kernel's reasons.
+    A kernel whose two identical calls differ fails with "nondeterministic output" and the
+    first differing element, rather than as a flaky test.
     (hypothesis derandomizes by the source of `check`: changing it changes every CI draw.)"""
-    refused = []
+    refused, nondeterministic = [], []
+    law = _naming_nondeterminism(law, nondeterministic)
 
     @given(sample=strategy)
     def check(sample):
@@ -215,7 +219,34 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
         check = example(sample=sample)(check)
     try:
         (settings(check) if settings is not None else check)()
+    except (Flaky, BaseExceptionGroup) as e:  # failures hypothesis could not replay, or several at once
+        if nondeterministic:
+            raise AssertionError(nondeterministic[0]) from e
+        raise
     except (Unsatisfiable, FailedHealthCheck):
         if not refused:
             raise
         pytest.skip(f"the kernel refused the samples it was given (NotSupportedError): {refused[0]}")
+
+
+def _naming_nondeterminism(law, found: list):
+    """`law`, whose failures on a kernel that gives two identical calls different answers say
+    so (and are kept in `found`): a law can only be judged on a kernel that answers one call
+    one way."""
+
+    def judged(*args):
+        try:
+            return law(*args)
+        except AssertionError as failure:
+            kernel, sample, device = args[0], args[-2], args[-1]
+            if not isinstance(kernel, KernelEntry):
+                raise
+            differ = first_difference(kernel, sample.inputs(device))
+            if differ is None:
+                raise
+            promise = " (it promises bitwise_deterministic)" if kernel.promises(device, "bitwise_deterministic") else ""
+            found.append(f"{kernel.name} {sample.id}: nondeterministic output: two identical calls differ{promise}: "
+                         f"{differ}")
+            raise AssertionError(found[-1]) from failure
+
+    return judged

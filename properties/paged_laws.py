@@ -13,7 +13,8 @@ from fmha.oracles.check import oracle_of
 from fmha.contract.cache_layouts import pages_of
 from fmha.contract.pages import page_and_offset, slot
 from fmha.oracles.sample import Inputs, Sample
-from fmha.properties.law import assert_agrees, assert_same, law, variant
+from fmha.properties.law import Law, assert_agrees, assert_same, law, variant
+from fmha.properties.laws import agrees_with_oracle
 
 NAN = float("nan")
 
@@ -207,16 +208,53 @@ def index_order_changes_nothing(kernel, sample: Sample, device):
 def sparse_over_its_keys_equals_dense(kernel, sample: Sample, device):
     """Index-sparse rows that each read all of their request's keys (no -1, no topk_len)
     equal the dense call over those keys (K = V, no mask), within the verdict."""
-    sample = variant(kernel, sample.replace(invalid=0.0, topk_lens=None, extra_topk_lens=None), device,
+    sample = variant(kernel, sample.replace(invalid=0.0, repeats=0.0, topk_lens=None, extra_topk_lens=None), device,
                       extra_topk=None, extra_block_size=None, extra_cache_layout=None)
     p = sample.problem
     assume(p.source == "sparse")
     x = sample.inputs(device)
     slots = x.source_args["indices"][:, 0].long()  # (B, topk): row 0 reads every key of its request
     keys = x.oracle_sources[0].k_cache.flatten(0, 1)[slots].to(p.dtype)  # quantized values are bf16 values
-    dense = sample.replace(source="dense", block_size=None, cache_layout=None)
+    dense = sample.replace(source="dense", block_size=None, cache_layout=None, repeats=0.0, last_slot=False,
+                           cache_exponent=0, outliers=False)
     assume(not kernel.not_supported_reasons(dense.problem, device))
     o_dense, lse_dense = kernel(x.q, keys, keys, scale=sample.scale, sink=x.sink)
     o, lse = _run(kernel, x)
     assert_agrees(o, o_dense, f"{kernel.name} {sample.id}: sparse rows vs the dense call over their keys", lse,
                   lse_dense, oracle_of(x))
+
+
+# -- every paged and sparse call judged against the oracle, one law per family of calls --------
+# The same check as the dense agreement (laws.agrees_with_oracle), on the family's draws: a
+# kernel consistently wrong on a kind of call, which every law above compares it with itself
+# on, fails here.
+
+def _agreement(label: str, test: str, mutant: str, sources: tuple[str, ...], needs: tuple[str, ...], doc: str) -> Law:
+    return Law(check=agrees_with_oracle.check, label=label, test=test, mutant=mutant, draws="paged", sources=sources,
+               needs=needs, doc=doc)
+
+
+paged_calls_agree_with_the_oracle = _agreement(
+    "paged_calls_agree_with_the_oracle", "test_a_paged_call_agrees_with_the_oracle", "causal_from_the_first_key",
+    ("paged",), (), "A paged call (pages shuffled and shared, a kv length per request, windows over pages) agrees "
+    "with the float64 oracle under the verdict.")
+ragged_calls_agree_with_the_oracle = _agreement(
+    "ragged_calls_agree_with_the_oracle", "test_a_ragged_call_agrees_with_the_oracle", "zero_query_request_shifts_rows",
+    ("paged",), ("ragged",), "A ragged batch (decodes and prefills, requests with no query rows anywhere, kv "
+    "lengths drawn with each request's rows) agrees with the float64 oracle under the verdict.")
+sparse_calls_agree_with_the_oracle = _agreement(
+    "sparse_calls_agree_with_the_oracle", "test_an_index_sparse_call_agrees_with_the_oracle",
+    "repeated_index_counted_once", ("sparse",), (), "An index-sparse call (-1 anywhere, repeated indices, the cache's "
+    "last slot, topk_len) agrees with the float64 oracle under the verdict.")
+two_scope_calls_agree_with_the_oracle = _agreement(
+    "two_scope_calls_agree_with_the_oracle", "test_a_two_scope_call_agrees_with_the_oracle", "topk_len_zero_reads_all",
+    ("sparse",), ("two_scopes",), "A call over two scopes (one of them read not at all, now and then) agrees with the "
+    "float64 oracle under the verdict.")
+fp8_cache_calls_agree_with_the_oracle = _agreement(
+    "fp8_cache_calls_agree_with_the_oracle", "test_a_call_over_an_fp8_cache_agrees_with_the_oracle",
+    "fp8_subnormals_flushed", ("sparse",), ("dsv4-fp8",), "A call over a dsv4-fp8 cache (codes across the whole "
+    "range, subnormal ones beside an outlier, scales toward either end) agrees with the oracle over the decoded keys.")
+fp4_cache_calls_agree_with_the_oracle = _agreement(
+    "fp4_cache_calls_agree_with_the_oracle", "test_a_call_over_an_fp4_cache_agrees_with_the_oracle",
+    "fp4_halves_flushed", ("sparse",), ("dsv4-fp4",), "A call over a dsv4-fp4 cache (every e2m1 code, scales toward "
+    "either end) agrees with the oracle over the decoded keys.")

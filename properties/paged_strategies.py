@@ -19,10 +19,10 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from fmha.contract import Capabilities
+from fmha.contract import CACHE_LAYOUTS, Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.sample import Sample
-from fmha.properties.strategies import KEY_BUDGET, _cost, problems, scales
+from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, scales
 
 BLOCK_SIZES = (1, 2, 5, 16, 53, 61, 64, 576)
 INVALID = (0.0, 0.1, 0.5, 1.0)
@@ -41,11 +41,45 @@ def _lengths(draw, batch: int, upper: int, at_least_one: bool = False):
     return tuple(lengths)
 
 
+def _query_lengths(draw, batch: int, upper: int, caps: Capabilities):
+    """A ragged batch's query rows per request: decodes (1), prefills (up to `upper`) and,
+    where the kernel takes them, requests with none, anywhere in the batch (first, between
+    decodes, last: a launch that drops them shifts the requests after them)."""
+    if draw(st.integers(0, 2)) == 0:
+        return None
+    choices = [st.just(1), st.just(upper), st.integers(1, max(upper, 1))]
+    if caps.empty_query_requests:
+        choices.insert(0, st.just(0))
+    lengths = draw(st.lists(st.one_of(*choices), min_size=batch, max_size=batch))
+    if not any(lengths):
+        lengths[-1] = upper
+    return tuple(min(n, upper) for n in lengths)
+
+
+def _key_lengths(draw, q_lens, upper: int, caps: Capabilities, causal: bool):
+    """Each request's keys, drawn with its query rows: all `upper` most often, else each request
+    at `upper`, at least its query rows (a prefill over its own keys) or anything (fewer keys
+    than rows, none), as far as the kernel declares it takes them."""
+    if draw(st.integers(0, 2)) < 2:
+        return None
+    fits = caps.q_len_at_most_kv_len or (causal and not caps.empty_rows)
+    lengths = []
+    for q in q_lens:
+        low = min(q, upper) if fits else 0
+        choices = [st.just(upper), st.integers(min(q, upper), upper)] + ([st.integers(low, upper)] if not fits else [])
+        lengths.append(draw(st.one_of(*choices)))
+    if not caps.empty_rows:  # no request with rows and no keys
+        lengths = [max(n, 1) if q else n for n, q in zip(lengths, q_lens)]
+    return tuple(lengths)
+
+
 @st.composite
 def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS),
-                   kinds=("paged", "sparse"), needs=()) -> Sample:
+                  kinds=("paged", "sparse"), needs=()) -> Sample:
     """A paged or index-sparse sample (among `kinds`) inside `caps`, which must declare one;
-    with `needs` ("two_scopes", "lse", ...) every draw uses them."""
+    with `needs` ("ragged", "two_scopes", a cache layout, "lse", ...) every draw uses them.
+    What each request holds (no query rows, fewer keys than rows, rows that see no key) is
+    drawn only where the kernel declares it takes it."""
     kinds = [kind for kind in kinds if kind in caps.sources]
     if not kinds:
         raise ValueError(f"paged_samples: the capabilities declare no paged or sparse source ({sorted(caps.sources)})")
@@ -54,17 +88,20 @@ def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=t
     if kind == "paged":
         problem = draw(problems(caps, device))
         block_size = _block_size(draw, block_sizes, problem.kv_len)
-        ragged = "ragged" in caps.sources and draw(st.booleans())
+        ragged = "ragged" in caps.sources and ("ragged" in needs or draw(st.booleans()))
         problem = problem.replace(source="paged", block_size=block_size, ragged=ragged)
-        sample_fields = dict(kv_lens=_lengths(draw, problem.batch, problem.kv_len),
-                             q_lens=_lengths(draw, problem.batch, problem.q_len, at_least_one=True) if ragged else None,
-                             shared_pages=draw(st.booleans()))
+        q_lens = _query_lengths(draw, problem.batch, problem.q_len, caps) if ragged else None
+        kv_lens = _key_lengths(draw, q_lens or (problem.q_len,) * problem.batch, problem.kv_len, caps, problem.causal)
+        sample_fields = dict(kv_lens=kv_lens, q_lens=q_lens, shared_pages=draw(st.booleans()))
     else:
+        layout = next((need for need in needs if need in CACHE_LAYOUTS), None)
         problem, sample_fields = _sparse(draw, caps, device, draw(st.sampled_from(block_sizes)), block_sizes,
-                                         "two_scopes" in needs)
-    assume(not caps.not_supported_reasons(problem, device))
-    return Sample(problem=problem, scale=draw(scales(problem.head_dim)), distribution=draw(st.sampled_from(distributions)),
-                  seed=draw(st.integers(0, 2**16)), **sample_fields)
+                                         "two_scopes" in needs, layout)
+    sample = Sample(problem=problem, scale=draw(scales(problem.head_dim)),
+                    distribution=draw(st.sampled_from(distributions)), seed=draw(st.integers(0, 2**16)),
+                    **sample_fields)
+    assume(not caps.not_supported_reasons(sample.problem, device))
+    return sample
 
 
 def _block_size(draw, block_sizes, keys: int) -> int:
@@ -77,10 +114,11 @@ def _block_size(draw, block_sizes, keys: int) -> int:
     return draw(st.sampled_from(block_sizes))
 
 
-def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool):
+def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool, needed_layout: str | None):
     """DeepSeek-V4's call: K = V, no mask (the indices decide), top-k keys per query row."""
     layouts = sorted(caps.cache_layouts)
     layout = draw(st.sampled_from([None, *layouts])) if layouts else None
+    layout = needed_layout or layout
     # The capabilities `problems` draws the dense part from: no mask; FlashMLA's head dim and
     # dtype for a quantized cache.
     dense = dataclasses.replace(caps, requires=caps.requires - {"causal", "window"},
@@ -102,14 +140,21 @@ def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool):
 
     def over(batch, q_len):
         gathered = batch * q_len * keys * 2 * problem.head_dim / KEY_BUDGET[device]
-        return max(gathered, _cost(device, batch, problem.heads_q, q_len, keys, problem.head_dim, problem.head_dim)) > 1
+        return max(gathered, call_cost(device, batch, problem.heads_q, q_len, keys, problem.head_dim, problem.head_dim)) > 1
 
     while over(batch, q_len) and batch > 1:
         batch //= 2
     while over(batch, q_len) and q_len > 1:
         q_len = math.ceil(q_len / 2)
     problem = problem.replace(batch=batch, q_len=q_len)
-    fields = dict(topk_lens=_lengths(draw, batch, problem.kv_len), invalid=draw(st.sampled_from(INVALID)))
+    fields = dict(topk_lens=_lengths(draw, batch, problem.kv_len), invalid=draw(st.sampled_from(INVALID)),
+                  repeats=draw(st.sampled_from((0.0, 0.25))), last_slot=draw(st.booleans()))
     if extra:
         fields["extra_topk_lens"] = _lengths(draw, batch, problem.extra_topk)
+        # One scope read not at all (topk_len 0) while the other is: each scope's length is its own.
+        silent = draw(st.sampled_from((None, "topk_lens", "extra_topk_lens")))
+        if silent:
+            fields[silent] = (0,) * batch
+    if problem.cache_layouts:  # the ue8m0 scales toward either end; small (subnormal) codes beside outliers
+        fields |= dict(cache_exponent=draw(st.sampled_from((0, -96, 96))), outliers=draw(st.booleans()))
     return problem, fields

@@ -51,7 +51,7 @@ KEY_BUDGET = {"cpu": 4e7, "cuda": 2**26}
 ROW_BUDGET = {"cpu": 4e7, "cuda": 2**26}
 
 
-def _cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:
+def call_cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:
     """A call's cost as a fraction of the device's budget (over 1: too much)."""
     logits = batch * heads_q * q_len * kv_len
     work = logits * (head_dim + head_dim_v)
@@ -116,7 +116,7 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
     q_len = kv_len if caps.q_len_equals_kv_len else _round_up(q_len, q_step)
 
     def over(b, t, s):
-        return _cost(device, b, heads_q, t, s, head_dim, head_dim_v) > 1
+        return call_cost(device, b, heads_q, t, s, head_dim, head_dim_v) > 1
 
     while not caps.q_len_equals_kv_len and q_len > q_step and over(batch, q_len, kv_len):
         q_len = _round_down(q_len // 2, q_step)
@@ -125,7 +125,7 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
     while kv_len > kv_step and over(batch, q_len, kv_len):
         kv_len = _round_down(kv_len // 2, math.lcm(q_step, kv_step) if caps.q_len_equals_kv_len else kv_step)
         q_len = kv_len if caps.q_len_equals_kv_len else q_len
-    if causal and not caps.empty_rows and not caps.q_len_equals_kv_len:
+    if (caps.q_len_at_most_kv_len or (causal and not caps.empty_rows)) and not caps.q_len_equals_kv_len:
         q_len = min(q_len, kv_len)
     return Problem(
         batch=batch, q_len=q_len, kv_len=kv_len, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,

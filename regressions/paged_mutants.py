@@ -157,9 +157,20 @@ def _decoded_as(k, layout, mistake):
     spec = quantization.LAYOUTS[layout]
     num_blocks, block_size = k.shape[:2]
     pages = quantization.pages_of(k).clone()
+    scales = pages[:, block_size * spec.data_bytes:block_size * spec.token_bytes].view(num_blocks, block_size,
+                                                                                     spec.scale_bytes)
+    codes = pages[:, :block_size * spec.data_bytes].view(num_blocks, block_size, spec.data_bytes)
+    codes = codes[..., :spec.quantized_dims * spec.element.bits // 8]
     if mistake == "scale of the next tile":
-        scales = pages[:, block_size * spec.data_bytes:].view(num_blocks, block_size, spec.scale_bytes)
         scales[..., :spec.tiles] = scales[..., :spec.tiles].roll(-1, dims=-1).clone()
+    if mistake == "scale clamped":
+        scales[..., :spec.tiles] = scales[..., :spec.tiles].clamp(127 - 64, 127 + 63)
+    if mistake == "subnormals flushed" and spec.element is cache_layouts.E4M3:
+        codes[(codes & 0x78) == 0] = 0
+    if mistake == "halves flushed" and spec.element is cache_layouts.E2M1:  # e2m1's one subnormal, 0.5
+        low, high = codes & 0xF, codes >> 4
+        codes.copy_(torch.where(low & 0x7 == 1, 0, low) | (torch.where(high & 0x7 == 1, 0, high) << 4))
+    if mistake != "rope":
         return quantization.dequantize(pages, spec, block_size).to(torch.bfloat16)
     values = quantization.dequantize(pages, spec, block_size)
     data = pages[:, :block_size * spec.data_bytes].view(num_blocks, block_size, spec.data_bytes)
@@ -182,9 +193,99 @@ def rope_read_as_fp8(q, k, v, *, cache_layout, **kw):
     return reference(q, cache, cache, **kw)
 
 
+@_bug
+def fp8_subnormals_flushed(q, k, v, *, cache_layout, **kw):
+    """e4m3 subnormal codes (exponent bits 0) decoded as 0."""
+    cache = _decoded_as(k, cache_layout, "subnormals flushed")
+    return reference(q, cache, cache, **kw)
+
+
+@_bug
+def fp4_halves_flushed(q, k, v, *, cache_layout, **kw):
+    """e2m1's subnormal code (0.5) decoded as 0."""
+    cache = _decoded_as(k, cache_layout, "halves flushed")
+    return reference(q, cache, cache, **kw)
+
+
+@_bug
+def scale_exponent_clamped(q, k, v, *, cache_layout, **kw):
+    """ue8m0 tile scales clamped to 2^-64 .. 2^63 (an exponent kept in a signed byte)."""
+    cache = _decoded_as(k, cache_layout, "scale clamped")
+    return reference(q, cache, cache, **kw)
+
+
+@_bug
+def zero_query_request_shifts_rows(q, k, v, *, block_table, kv_lens, cu_seqlens_q, **kw):
+    """Requests with no query rows dropped from the launch: the i-th request that has rows is
+    computed with request i's keys (a decode launch whose program i is the i-th request)."""
+    rows = torch.diff(cu_seqlens_q).tolist()
+    keys_of = list(range(len(rows)))
+    for i, b in enumerate(b for b, n in enumerate(rows) if n):
+        keys_of[b] = i
+    keys_of = torch.tensor(keys_of, device=block_table.device)
+    return reference(q, k, v, block_table=block_table[keys_of], kv_lens=kv_lens[keys_of], cu_seqlens_q=cu_seqlens_q,
+                     **kw)
+
+
+@_bug
+def window_one_too_wide(q, k, v, *, block_table, window, **kw):
+    """The paged path's window admits w + 1 keys, the current one and w before it."""
+    return reference(q, k, v, block_table=block_table, window=window + 1, **kw)
+
+
+@_bug
+def causal_from_the_first_key(q, k, v, *, block_table, kv_lens, causal, cu_seqlens_q=None, **kw):
+    """A request's query rows aligned top-left, on its first keys (row i sees keys 0 .. i),
+    not bottom-right on its own last keys."""
+    if not causal:
+        return reference(q, k, v, block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q, **kw)
+    rows = torch.diff(cu_seqlens_q) if cu_seqlens_q is not None else torch.full_like(kv_lens, q.shape[1])
+    return reference(q, k, v, block_table=block_table, kv_lens=torch.minimum(kv_lens, rows).to(torch.int32),
+                     cu_seqlens_q=cu_seqlens_q, causal=causal, **kw)
+
+
+def _first_of_each(indices: torch.Tensor) -> torch.Tensor:
+    """Each row's indices with every repeat of an index (after its first) made -1."""
+    ordered, order = indices.sort(dim=-1, stable=True)
+    repeat = torch.zeros_like(ordered, dtype=torch.bool)
+    repeat[..., 1:] = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
+    return torch.where(torch.zeros_like(repeat).scatter(-1, order, repeat), -1, indices)
+
+
+@_bug
+def repeated_index_counted_once(q, k, v, *, indices, extra_indices=None, **kw):
+    """An index repeated within a row counted once (the row's slots deduplicated)."""
+    extra = {} if extra_indices is None else dict(extra_indices=_first_of_each(extra_indices))
+    return reference(q, k, v, indices=_first_of_each(indices), **extra, **kw)
+
+
+@_bug
+def last_slot_unread(q, k, v, *, indices, extra_k_cache=None, extra_indices=None, **kw):
+    """The cache's last slot read as no key (a bound check of slot < slots - 1)."""
+    def unread(idx, cache):
+        return torch.where(idx == cache.shape[0] * cache.shape[1] - 1, -1, idx)
+
+    extra = {} if extra_indices is None else dict(extra_k_cache=extra_k_cache,
+                                                  extra_indices=unread(extra_indices, extra_k_cache))
+    return reference(q, k, v, indices=unread(indices, k), **extra, **kw)
+
+
+@_bug
+def topk_len_zero_reads_all(q, k, v, *, indices, topk_len, extra_indices=None, extra_topk_len=None, **kw):
+    """A topk_len of 0 read as no limit: the request's rows read every index."""
+    def limit(lengths, idx):
+        return None if lengths is None else torch.where(lengths == 0, idx.shape[-1], lengths).to(torch.int32)
+
+    extra = {} if extra_indices is None else dict(extra_indices=extra_indices,
+                                                  extra_topk_len=limit(extra_topk_len, extra_indices))
+    return reference(q, k, v, indices=indices, topk_len=limit(topk_len, indices), **extra, **kw)
+
+
 _ALL = (one_table_row, whole_last_page, contiguous_pages, power_of_two_pages, batch_drops_last_key, no_keys_nan,
         minus_one_is_slot_0, minus_one_counts, topk_len_ignored, last_index_dropped, sink_per_scope,
-        fp8_scale_of_the_next_tile, rope_read_as_fp8)
+        fp8_scale_of_the_next_tile, rope_read_as_fp8, fp8_subnormals_flushed, fp4_halves_flushed,
+        scale_exponent_clamped, zero_query_request_shifts_rows, window_one_too_wide, causal_from_the_first_key,
+        repeated_index_counted_once, last_slot_unread, topk_len_zero_reads_all)
 for _fn in _ALL:
     _fn.capabilities = REFERENCE  # as a plug-in (--fmha-kernel ...:name) it claims what the reference does
 MUTANTS = {fn.__name__: KernelEntry(name=fn.__name__.replace("_", "-"), fn=fn, capabilities=REFERENCE,

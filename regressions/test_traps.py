@@ -1,11 +1,13 @@
-"""Every selected kernel passes every named regression case it supports, in every dtype it
-declares (a case outside a kernel's capabilities is a skip carrying the kernel's reason)."""
+"""Every selected kernel passes every named regression case, in every dtype it declares. A
+paged or sparse case outside a kernel's capabilities is re-laid inside them (its block sizes,
+Dv = D, ...) as long as the trap's mutant still fails it; a case whose point cannot be laid
+out, or a dense case the kernel does not support, is a skip carrying the reason."""
 
 import pytest
 
 from fmha.contract import DTYPE_NAMES
-from fmha.regressions.trap import check_case
-from fmha.regressions.traps import TRAPS
+from fmha.regressions.trap import check_case, laid_out_for
+from fmha.regressions.traps import MUTANTS, TRAPS
 
 pytestmark = pytest.mark.regression
 
@@ -15,12 +17,21 @@ def _dtypes(case):
     return (case.problem.dtype,) if case.problem.cache_layouts else DTYPE_NAMES
 
 
-@pytest.mark.parametrize("trap, sample", [
+def _mutants(trap):
+    """The trap's mutants that run in this process: what re-laid cases are checked against."""
+    return [m.kernel() for m in MUTANTS.values() if m.trap == trap.id and not m.isolate]
+
+
+@pytest.mark.parametrize("trap, case", [
     pytest.param(trap, case.replace(dtype=dtype), id=f"{trap.id}/{case.replace(dtype=dtype).id}")
     for trap in TRAPS.values() for case in trap.cases for dtype in _dtypes(case)
 ])
-def test_named_regression_case(kernel, trap, sample, device):
-    failures = check_case(kernel, sample, device, trap.symptoms)
+def test_named_regression_case(kernel, trap, case, device):
+    laid, why = laid_out_for(kernel, case, device, _mutants(trap) if case.problem.source != "dense" else ())
+    if laid is None:
+        pytest.skip(f"{kernel.name}, {trap.id}: {why}")
+    failures = check_case(kernel, laid, device, trap.symptoms)
+    relaid = "" if laid is case else f", re-laid for the kernel as {laid.id}"
     assert not failures, (
-        f"{kernel.name} fails named case {trap.id}/{sample.id} ({trap.origin}: {trap.symptom}; "
+        f"{kernel.name} fails named case {trap.id}/{case.id}{relaid} ({trap.origin}: {trap.symptom}; "
         f"known root cause: {trap.root_cause}):\n" + "\n".join(f"  - {f}" for f in failures))

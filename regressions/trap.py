@@ -8,6 +8,7 @@ rounding bias of half an ulp is inside every per-element bound but is still a bu
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,3 +61,65 @@ def check_case(kernel: KernelEntry, case: Sample, device: str, symptoms: tuple[S
     # Unwritten elements still hold the NaN poison: symptom checks skip non-finite values.
     failures += [f for check in symptoms if (f := check(run.o, oracle.o, case.problem))]
     return failures
+
+
+def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> tuple[Sample | None, str]:
+    """`case` as `kernel` can run it, or (None, why not).
+
+    A dense case runs as it is or not at all. A paged or sparse case the kernel cannot run is
+    re-laid inside its capabilities (its block sizes, with each request's pages, full and
+    partial, kept; Dv = D; a head dim it has; Hkv = Hq): the first layout on which one of the
+    trap's `mutants` (kernels with the bug the case exists for) still fails keeps the case's
+    point. Where none does, the point cannot be expressed for this kernel, and that is the skip."""
+    reasons = kernel.not_supported_reasons(case.problem, device)
+    if not reasons:
+        return case, ""
+    if case.problem.source == "dense":
+        return None, "; ".join(reasons)
+    tried = [c for c in _layouts(case, kernel.capabilities_on(device)) if not kernel.not_supported_reasons(c.problem, device)]
+    if not tried:
+        return None, "; ".join(reasons)
+    for candidate in tried:
+        if not mutants or any(_fails(mutant, candidate, device) for mutant in mutants):
+            return candidate, ""
+    return None, (f"{'; '.join(reasons)}; re-laid within the kernel's capabilities ({len(tried)} layout(s): "
+                  f"{', '.join(c.problem.id for c in tried[:3])}{' ...' if len(tried) > 3 else ''}) the case no longer "
+                  "catches its bug, so its point cannot be expressed here")
+
+
+def _fails(mutant: KernelEntry, case: Sample, device: str) -> bool:
+    try:
+        return bool(check_case(mutant, case, device))
+    except Exception:  # noqa: BLE001 -- a mutant that raises on the layout is caught by it
+        return True
+
+
+def _layouts(case: Sample, caps) -> list[Sample]:
+    """Candidate layouts of a paged or sparse case inside `caps`, the smallest change first."""
+    p = case.problem
+    dims = caps.head_dims_for(p.dtype)
+    head_dims = [p.head_dim] if dims is None or p.head_dim in dims else sorted(dims, key=lambda d: abs(d - p.head_dim))[:2]
+    block_sizes = [p.block_size] if caps.block_sizes is None or p.block_size in caps.block_sizes else list(caps.block_sizes)
+    extra_sizes = [p.extra_block_size] if (p.extra_block_size is None or caps.block_sizes is None
+                                           or p.extra_block_size in caps.block_sizes) else list(caps.block_sizes)
+    candidates = []
+    for head_dim, block_size, extra_size in itertools.product(head_dims, block_sizes, extra_sizes):
+        changes = dict(head_dim=head_dim, block_size=block_size, extra_block_size=extra_size)
+        if not caps.split_head_dim_v or p.shared_kv:
+            changes["head_dim_v"] = head_dim
+        elif dims is not None and p.head_dim_v not in dims:
+            changes["head_dim_v"] = head_dim
+        if "gqa" not in caps.features:
+            changes["heads_kv"] = p.heads_q
+        sample = case.replace(**changes)
+        if p.source == "paged" and block_size != p.block_size:  # each request's pages, full and partial, kept
+            sample = sample.replace(kv_lens=tuple(_same_pages(n, p.block_size, block_size) for n in case.kv_lens)
+                                    if case.kv_lens else None, kv_len=_same_pages(p.kv_len, p.block_size, block_size))
+        candidates.append(sample)
+    return candidates
+
+
+def _same_pages(keys: int, old: int, new: int) -> int:
+    """Keys that fill as many pages of `new` as `keys` fill of `old`, the last one partial if it was."""
+    full, rest = divmod(keys, old)
+    return full * new + (max(1, rest * new // old) if rest else 0)

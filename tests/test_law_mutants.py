@@ -2,6 +2,7 @@
 (`Law.mutant`: fmha.regressions.law_mutants), and hypothesis shrinks the counterexample to a
 small sample; the mutant's correct twin obeys the law. docs/laws.md is the records' table."""
 
+import itertools
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from fmha.contract import Capabilities, KernelEntry, Problem
+from fmha.oracles.reference_kernel import reference
 from fmha.oracles.sample import Sample
 from fmha.properties import catalog, laws
 from fmha.properties.catalog import LAWS
@@ -56,6 +58,30 @@ def test_the_law_catches_its_mutant_with_a_small_counterexample(law):
     assert mutant.name in str(caught.value), str(caught.value)[:2000]
 
 
+# Where paged and sparse kernels go wrong, each drawn on purpose (properties/paged_strategies.py),
+# and the bug each draw reaches: the law that judges those draws against the oracle catches it.
+DRAWN = {
+    "zero_query_request_shifts_rows": "ragged_calls_agree_with_the_oracle",  # no query rows before decodes
+    "causal_from_the_first_key": "paged_calls_agree_with_the_oracle",  # causal, q_len > 1, over own keys
+    "window_one_too_wide": "paged_calls_agree_with_the_oracle",  # windows over shuffled pages
+    "repeated_index_counted_once": "sparse_calls_agree_with_the_oracle",  # an index twice in a row
+    "last_slot_unread": "sparse_calls_agree_with_the_oracle",  # the last offset of the last page
+    "topk_len_zero_reads_all": "two_scope_calls_agree_with_the_oracle",  # topk_len 0 in one scope
+    "fp8_subnormals_flushed": "fp8_cache_calls_agree_with_the_oracle",  # small codes beside an outlier
+    "fp4_halves_flushed": "fp4_cache_calls_agree_with_the_oracle",  # every e2m1 code
+    "scale_exponent_clamped": "fp8_cache_calls_agree_with_the_oracle",  # ue8m0 scales toward either end
+}
+
+
+@pytest.mark.parametrize("mutant_name", DRAWN)
+def test_each_draw_reaches_the_bug_it_is_for(mutant_name):
+    law = LAWS[DRAWN[mutant_name]]
+    mutant, _ = MUTANTS[mutant_name]
+    with pytest.raises(AssertionError) as caught:
+        law.run("cpu", mutant, settings=FIND_AND_SHRINK, pinned=False)
+    assert mutant.name in str(caught.value), str(caught.value)[:2000]
+
+
 @pytest.mark.parametrize("law", LAWS.values(), ids=list(LAWS))
 def test_the_mutants_correct_twin_obeys_the_law(law):
     _, twin = MUTANTS[law.mutant]
@@ -75,3 +101,18 @@ def test_a_kernel_that_makes_no_promise_is_held_to_the_verdict_and_one_that_does
 
 def test_docs_laws_md_is_the_records_table():
     assert DOC.read_text() == catalog.markdown(), "docs/laws.md is out of date: python -m fmha.properties.catalog > docs/laws.md"
+
+
+def test_a_kernel_whose_identical_calls_differ_is_named_nondeterministic_not_flaky():
+    """A kernel wrong on one call in three: hypothesis sees a failure it cannot replay; the law
+    says what it is and where the two calls first differ."""
+    calls = itertools.count()
+
+    def sometimes_wrong(q, k, v, **kwargs):
+        o, lse = reference(q, k, v, **kwargs)
+        return (o.mul_(2) if next(calls) % 3 == 1 else o), lse  # o is out= where the call gives one
+
+    kernel = KernelEntry(name="sometimes-wrong", fn=sometimes_wrong, capabilities=PROMISING)
+    with pytest.raises(AssertionError, match="nondeterministic output: two identical calls differ") as caught:
+        LAWS["agrees_with_oracle"].run("cpu", kernel, settings=QUICK, pinned=False)
+    assert "first at" in str(caught.value) and "promises bitwise_deterministic" in str(caught.value)

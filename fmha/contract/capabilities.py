@@ -45,7 +45,11 @@ class Capabilities:
     q_len_multiple_of: int = 1  # T a multiple of this (a kernel without a masked tail tile)
     kv_len_multiple_of: int = 1
     split_head_dim_v: bool = True  # Dv may differ from D
-    empty_rows: bool = True  # rows that see no key give o = 0, lse = -inf / sink
+    empty_rows: bool = True  # rows that see no key give o = 0, lse = -inf / sink (judged per row)
+    # Per request (paged and ragged calls; for dense calls T and S): no request with more query
+    # rows than keys; requests of a ragged batch with no query rows.
+    q_len_at_most_kv_len: bool = False
+    empty_query_requests: bool = True
     promises: frozenset[str] = frozenset()  # among PROMISES
     # Contract v2, opt-in: where keys may come from (SOURCES), page sizes (None: any), the
     # largest top-k a row may read, quantized cache layouts (CACHE_LAYOUTS).
@@ -56,7 +60,8 @@ class Capabilities:
     # Why a feature or limit is missing, e.g. {"lse": "SDPA's public API returns no LSE"}; keys
     # are the feature names and "device", "dtype", "head_dim", "head_dim_v", "requires",
     # "max_q_len", "max_kv_len", "q_len_equals_kv_len", "q_len_multiple_of",
-    # "kv_len_multiple_of", "empty_rows", "block_size", "max_topk", "cache_layout".
+    # "kv_len_multiple_of", "empty_rows", "q_len_at_most_kv_len", "empty_query_requests",
+    # "block_size", "max_topk", "cache_layout".
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -115,7 +120,12 @@ class Capabilities:
         if S % self.kv_len_multiple_of:
             reasons.append(self._why("kv_len_multiple_of", f"needs S a multiple of {self.kv_len_multiple_of}, got {S}"))
         if problem.has_empty_rows and not self.empty_rows:
-            reasons.append(self._why("empty_rows", "rows with no visible key (causal, T > S) unsupported"))
+            reasons.append(self._why("empty_rows", "rows with no visible key (causal with more query rows than keys, "
+                                                   "or a request with none) unsupported"))
+        if self.q_len_at_most_kv_len and (problem.q_len_over_kv_len or (problem.source != "sparse" and T > S)):
+            reasons.append(self._why("q_len_at_most_kv_len", "needs each request's query rows <= its keys"))
+        if problem.empty_query_requests and not self.empty_query_requests:
+            reasons.append(self._why("empty_query_requests", "no request without query rows in a ragged batch"))
         return reasons + self._source_reasons(problem)
 
     def _source_reasons(self, problem: Problem) -> list[str]:

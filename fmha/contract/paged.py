@@ -100,7 +100,8 @@ def check_paged_args(q, k, v, *, causal, window, block_table, kv_lens, cu_seqlen
     fields = dict(heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv, block_size=block_size,
                   cache_layout=cache_layout)
     if paged:
-        return fields | _paged(q, block_table, kv_lens, cu_seqlens_q, num_blocks, block_size)
+        fields |= _paged(q, block_table, kv_lens, cu_seqlens_q, num_blocks, block_size)
+        return fields | _paged_requests(q, kv_lens, cu_seqlens_q, causal or window is not None)
     if causal or window is not None:
         fail("causal, window: the indices alone decide an index-sparse row's keys; pass causal=False, window=None")
     if q.dim() != 4:
@@ -111,7 +112,7 @@ def check_paged_args(q, k, v, *, causal, window, block_table, kv_lens, cu_seqlen
     if extra_k_cache is None:
         if extra_indices is not None or extra_topk_len is not None or extra_cache_layout is not None:
             fail("extra_indices, extra_topk_len, extra_cache_layout: a second scope needs extra_k_cache")
-        return fields
+        return fields | _sparse_rows([(indices, topk_len)])
     if extra_indices is None:
         fail("extra_indices: expected (B, T, extra_topk) int32 slots of extra_k_cache, got None")
     if v is not k:
@@ -121,7 +122,35 @@ def check_paged_args(q, k, v, *, causal, window, block_table, kv_lens, cu_seqlen
         fail(f"extra_k_cache: expected k's (Hkv, D) = {(Hkv, D)}, got {(Hkv2, D2)}")
     extra_topk = _sparse("extra_indices", "extra_topk_len", extra_indices, extra_topk_len, B, T,
                          blocks2 * block_size2, q.device)
-    return fields | dict(extra_topk=extra_topk, extra_block_size=block_size2, extra_cache_layout=extra_cache_layout)
+    return fields | dict(extra_topk=extra_topk, extra_block_size=block_size2, extra_cache_layout=extra_cache_layout
+                         ) | _sparse_rows([(indices, topk_len), (extra_indices, extra_topk_len)])
+
+
+def _paged_requests(q, kv_lens, cu_seqlens_q, masked: bool) -> dict:
+    """fmha.contract.PER_REQUEST of a paged call, from its lengths (None where they cannot be
+    read: under a CUDA graph capture)."""
+    if not (_readable(kv_lens) and (cu_seqlens_q is None or _readable(cu_seqlens_q))):
+        return {}
+    keys = kv_lens.tolist()
+    rows = [q.shape[1]] * len(keys) if cu_seqlens_q is None else torch.diff(cu_seqlens_q).tolist()
+    pairs = list(zip(rows, keys))
+    return dict(empty_query_requests=cu_seqlens_q is not None and 0 in rows,
+                q_len_over_kv_len=any(r > k for r, k in pairs),
+                rows_without_keys=any(r and (k == 0 or (masked and r > k)) for r, k in pairs))
+
+
+def _sparse_rows(scopes) -> dict:
+    """Whether some query row reads no key: every index -1 or past topk_len, in every scope."""
+    if not all(_readable(indices) for indices, _ in scopes):
+        return {}
+    sees_a_key = None
+    for indices, topk_len in scopes:
+        read = indices != -1
+        if topk_len is not None:
+            read &= torch.arange(indices.shape[-1], device=indices.device) < topk_len.view(-1, 1, 1)
+        row = read.any(-1)
+        sees_a_key = row if sees_a_key is None else sees_a_key | row
+    return dict(rows_without_keys=not bool(sees_a_key.all()))
 
 
 def _paged(q, block_table, kv_lens, cu_seqlens_q, num_blocks, block_size) -> dict:

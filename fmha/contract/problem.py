@@ -22,6 +22,8 @@ SOURCES = ("dense", "paged", "ragged", "sparse", "two_scopes")
 CACHE_LAYOUTS = tuple(LAYOUTS)
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+# What a paged or sparse call's lengths and indices say about its requests (Problem fields).
+PER_REQUEST = ("empty_query_requests", "q_len_over_kv_len", "rows_without_keys")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,11 @@ class Problem:
     extra_topk: int | None = None  # sparse: a second scope, its own indices per row
     extra_block_size: int | None = None
     extra_cache_layout: str | None = None
+    # Per request (contract v2), from the call's lengths and indices: a ragged request with no
+    # query rows; a request with more query rows than keys; a query row that sees no key.
+    empty_query_requests: bool = False
+    q_len_over_kv_len: bool = False
+    rows_without_keys: bool = False
 
     def __post_init__(self):
         if self.head_dim_v is None:
@@ -123,8 +130,9 @@ class Problem:
 
     @property
     def has_empty_rows(self) -> bool:
-        """Some query row sees no key: masked and T > S (row i sits at S - T + i < 0)."""
-        return self.causal and self.q_len > self.kv_len
+        """Some query row sees no key: masked and T > S (row i sits at S - T + i < 0), or a
+        request's row that sees none of its keys (rows_without_keys)."""
+        return self.rows_without_keys or (self.causal and self.q_len > self.kv_len)
 
     @property
     def id(self) -> str:
@@ -163,7 +171,8 @@ class Problem:
 
     def __repr__(self) -> str:
         """Only what differs from the defaults: a line to paste into @example or a trap."""
-        return f"Problem({repr_fields(self, head_dim_v=self.head_dim, causal=self.window is not None)})"
+        derived = {name: getattr(self, name) for name in PER_REQUEST}  # from the call's data: not repeated here
+        return f"Problem({repr_fields(self, head_dim_v=self.head_dim, causal=self.window is not None, **derived)})"
 
 
 def repr_fields(obj, **implied) -> str:
