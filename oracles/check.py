@@ -49,7 +49,8 @@ class Run:
 
 
 def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None) -> Run:
-    """Call the kernel per the contract; pass a poisoned out= when it supports out."""
+    """Call the kernel per the contract; pass a poisoned out= when it supports out. Its inputs
+    are read-only: a kernel that changes any byte of their storage fails, naming the input."""
     if use_out is None:
         use_out = "out" in kernel.capabilities_on(inputs.q.device.type).features
     kwargs = inputs.kwargs()
@@ -58,12 +59,45 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None)
         p = inputs.problem
         out = poisoned(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device)
         kwargs["out"] = out
+    call = {"q": inputs.q, "k": inputs.k, "v": inputs.v, **kwargs}
+    before = _storages(call)
     result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
+    _assert_unchanged(kernel, call, before)
     o, lse = _unpack(kernel, inputs, result)
     if out is not None and o.data_ptr() != out.data_ptr():
         raise AssertionError(f"{kernel.name}: out= was given but the returned o is a different tensor")
     unwritten = still_poisoned(o) if out is not None else None
     return Run(inputs, o, lse, unwritten)
+
+
+def _storages(call: dict) -> dict:
+    """A copy of the bytes of every input tensor's storage (past the view's elements too: what a
+    kernel must not write includes the slots and rows it must not read), by the argument that
+    names it first; out= is the kernel's to write."""
+    copies, seen = {}, set()
+    for name, value in call.items():
+        if name == "out" or not isinstance(value, torch.Tensor) or not value.numel():
+            continue
+        storage = value.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        copies[name] = (value, _bytes(value).clone())
+    return copies
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _assert_unchanged(kernel: KernelEntry, call: dict, before: dict) -> None:
+    for name, (tensor, copy) in before.items():
+        changed = _bytes(tensor) != copy
+        if bool(changed.any()):
+            first = int(torch.nonzero(changed)[0])
+            raise AssertionError(
+                f"{kernel.name}: the kernel modified its input {name} ({int(changed.sum())} of {changed.numel()} bytes of "
+                f"its storage, the first at byte {first}; the contract's inputs are read-only)")
 
 
 def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -30,6 +30,9 @@ from fmha.oracles.key_sources import Oracle
 from fmha.oracles.metrics import measure
 from fmha.oracles.sample import Inputs, Sample
 from fmha.oracles.verdict import TOLERANCES, judge, two_sided
+from fmha.properties.paged_strategies import paged_samples
+from fmha.properties.pinned import PINNED
+from fmha.properties.strategies import samples
 
 if sys.version_info < (3, 11):  # hypothesis brings the backport there
     from exceptiongroup import BaseExceptionGroup
@@ -56,6 +59,8 @@ class Law:
     def __post_init__(self):
         if self.draws not in DRAWS or self.operands not in OPERANDS:
             raise ValueError(f"law {self.name}: draws among {DRAWS}, operands among {tuple(OPERANDS)}")
+        if (self.draws == "paged") != bool(set(self.sources) & {"paged", "sparse"}):
+            raise ValueError(f"law {self.name}: paged draws come with a paged or sparse source, got {self.sources}")
         if not self.test.startswith("test_"):
             raise ValueError(f"law {self.name}: its test is named test_..., got {self.test!r}")
 
@@ -89,9 +94,6 @@ class Law:
 
     def strategy(self, kernel: KernelEntry | None, device: str):
         """Samples inside the kernel's capabilities (the merge's own for a merge law)."""
-        from fmha.properties.paged_strategies import paged_samples
-        from fmha.properties.strategies import samples
-
         if self.draws == "merge":
             # The merge's work is B x T x H x Dv; S only sizes the float64 oracle that makes the
             # parts. Smaller T and S keep the CPU tier quick without changing what the merge sees.
@@ -104,8 +106,6 @@ class Law:
     def setup(self, device: str, kernel: KernelEntry | None = None, merge=None):
         """(strategy, operands, pinned samples) of this law for `kernel` and `merge`;
         pytest.skip, with the reason, when the kernel lacks what the law needs."""
-        from fmha.properties.pinned import PINNED
-
         if kernel is not None and "kernel" in OPERANDS[self.operands]:
             self.require(kernel, device)
         operands = tuple(kernel if o == "kernel" else merge for o in OPERANDS[self.operands])
@@ -177,12 +177,18 @@ def assert_same(kernel: KernelEntry, device: str, promise: str, a, b, what: str,
                                f"first at {tuple(bad.nonzero()[0].tolist())}: unread NaN reached the output, or a row "
                                f"with no keys divided 0 by 0 (the contract: o = 0)")
     if kernel.promises(device, promise):
-        assert_bitwise(o_a, o_b, f"{what} (promised {promise})")
+        # A row that sees no key is 0 of either sign (0 * a negative value is -0).
+        assert_bitwise(unsigned_zeros(o_a), unsigned_zeros(o_b), f"{what} (promised {promise})")
         if lse_a is not None and lse_b is not None:
             assert_bitwise(lse_a, lse_b, f"{what}, lse (promised {promise})")
     else:
         oracle = oracle_of(x)
         assert_agrees(o_a, o_b, f"{what} (no {promise} promise: within the verdict)", lse_a, lse_b, oracle)
+
+
+def unsigned_zeros(t: torch.Tensor) -> torch.Tensor:
+    """`t` with -0 made +0: zeros compare by value."""
+    return torch.where(t == 0, torch.zeros_like(t), t)
 
 
 def variant(kernel: KernelEntry, sample: Sample, device, **changes) -> Sample:

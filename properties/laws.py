@@ -6,15 +6,16 @@ paged_laws.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from fmha.contract import KernelEntry
 from fmha.oracles import reference
-from fmha.oracles.check import judge_run, oracle_of, run_kernel
+from fmha.oracles.check import bitwise_difference, judge_run, oracle_of, run_kernel
 from fmha.oracles.sample import Inputs, Sample, lay_out
-from fmha.properties.law import assert_agrees, assert_bitwise, assert_same, law, variant
+from fmha.properties.law import assert_agrees, assert_bitwise, assert_same, law, unsigned_zeros, variant
 
 
 def _call(kernel: KernelEntry, x: Inputs, q=None, k=None, v=None, **changes):
@@ -97,12 +98,8 @@ def linear_in_v(kernel, sample: Sample, device):
                    f"{what}: o(v * {scale:g}) vs o(v) * {scale:g}")
     # Zeros compare by value: where a sink drowns a row, o(v) is acc * 0 with acc's sign, and
     # the zero of the other half makes o(v1) + o(v2) = -0 + +0 = +0 (H200, every kernel).
-    assert_bitwise(_unsigned_zeros(o1 + o2), _unsigned_zeros(o_base),
+    assert_bitwise(unsigned_zeros(o1 + o2), unsigned_zeros(o_base),
                    f"{what}: o(v1) + o(v2) vs o(v1 + v2), disjoint columns")
-
-
-def _unsigned_zeros(t: torch.Tensor) -> torch.Tensor:
-    return torch.where(t == 0, torch.zeros_like(t), t)
 
 
 @law(test="test_gqa_equals_mha_with_repeated_kv_heads", mutant="head_modulo", needs=("gqa",))
@@ -172,20 +169,19 @@ def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
     x = sample.inputs(device)
     scale = sample.scale
     cut = sample.seed % (p.kv_len + 1)
-    parts, perfect_parts = [], []
-    for lo, hi in ((0, cut), (cut, p.kv_len)):
-        k = x.k[:, lo:hi]
-        v = k if p.shared_kv else x.v[:, lo:hi]
-        if hi > lo:
-            parts.append(kernel(x.q, k, v, scale=scale))
-            exact_o, exact_lse = reference.attention(x.q, k, v, scale=scale)
-            perfect_parts.append((exact_o.to(p.dtype), exact_lse))
-        else:  # an empty part, as a kernel over no keys reports it
-            B, T, H = p.batch, p.q_len, p.heads_q
-            parts.append((torch.zeros(B, T, H, p.head_dim_v, dtype=p.dtype, device=device),
-                          torch.full((B, H, T), -math.inf, device=device)))
-            perfect_parts.append(parts[-1])
+    halves = [(x.k[:, lo:hi], x.k[:, lo:hi] if p.shared_kv else x.v[:, lo:hi]) for lo, hi in ((0, cut), (cut, p.kv_len))]
+    B, T, H = p.batch, p.q_len, p.heads_q
+    empty = (torch.zeros(B, T, H, p.head_dim_v, dtype=p.dtype, device=device), torch.full((B, H, T), -math.inf, device=device))
+    # An empty part as a kernel over no keys reports it. Every kernel call comes before any
+    # float64 answer exists: nothing a kernel could find in the process gives it the answer.
+    parts = [kernel(x.q, k, v, scale=scale) if k.shape[1] else empty for k, v in halves]
     o, lse = merge(parts, sink=x.sink)
+    perfect_parts = []  # what an error-free kernel returns for each part
+    for (k, v), part in zip(halves, parts):
+        if k.shape[1]:
+            exact_o, exact_lse = reference.attention(x.q, k, v, scale=scale)
+            part = (exact_o.to(p.dtype), exact_lse)
+        perfect_parts.append(part)
     oracle = oracle_of(x)
     # Two roundings (the parts, then the merge), each relative to the parts' magnitudes, which
     # can cancel in the merge (H200 and CPU, bf16 iota_v, parts near -2 and +1 merged to 0.03:
@@ -256,8 +252,38 @@ def window_at_least_s_is_causal(kernel, sample: Sample, device):
     p = sample.problem
     x = sample.inputs(device)
     o_causal, lse_causal = _call(kernel, x)
+    windowed = {window: _call(kernel, x, window=window) for window in (p.kv_len, p.kv_len + 1, 2 * p.kv_len + 300)}
     oracle = oracle_of(x)
-    for window in (p.kv_len, p.kv_len + 1, 2 * p.kv_len + 300):
-        o_w, lse_w = _call(kernel, x, window=window)
+    for window, (o_w, lse_w) in windowed.items():
         assert_agrees(o_w, o_causal, f"{kernel.name} {sample.id}: window={window} vs causal", lse_w, lse_causal,
                       oracle)
+
+
+@law(test="test_the_same_buffers_refilled_give_the_new_answer", mutant="cached_by_address")
+def refilled_buffers_give_the_new_answer(kernel, sample: Sample, device):
+    """The same tensors, refilled in place with another draw's values, give that draw's answer:
+    a kernel that caches its results (or a plan, a descriptor) by address or by shape fails."""
+    storages = {f"{name}_storage": "contiguous" for name in "qkv"
+                if getattr(sample, f"{name}_storage") == "expanded"}  # a broadcast view cannot be written
+    sample = sample.replace(**storages)
+    x = sample.inputs(device)
+    first = run_kernel(kernel, x)
+    refilled = refill(x, sample.replace(seed=sample.seed + 1).inputs(device))
+    second = run_kernel(kernel, refilled)
+    verdict = judge_run(second, kernel=kernel)
+    if not verdict.passed and bitwise_difference(first.o, second.o) is None:
+        raise AssertionError(f"{kernel.name} {sample.id}: buffers refilled in place with new values gave the first "
+                             "call's answer, bit for bit: a result cached by address or by shape")
+    assert verdict.passed, verdict.message(f"{kernel.name} {sample.id}: the same buffers refilled with new values")
+
+
+def refill(x: Inputs, y: Inputs) -> Inputs:
+    """x's tensors (the same storage) holding y's values: y's call made on x's buffers."""
+    tensors = {name: getattr(x, name) for name in ("q", "k", "v", "sink")}
+    for name, t in tensors.items():
+        if t is not None and not (name == "v" and x.v is x.k):
+            t.copy_(getattr(y, name))
+    for name, t in x.source_args.items():
+        if isinstance(t, torch.Tensor):
+            t.copy_(y.source_args[name])
+    return dataclasses.replace(y, **tensors, source_args=x.source_args)

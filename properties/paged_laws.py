@@ -14,7 +14,7 @@ from fmha.contract.cache_layouts import pages_of
 from fmha.contract.pages import page_and_offset, slot
 from fmha.oracles.sample import Inputs, Sample
 from fmha.properties.law import Law, assert_agrees, assert_same, law, variant
-from fmha.properties.laws import agrees_with_oracle
+from fmha.properties.laws import agrees_with_oracle, refilled_buffers_give_the_new_answer
 
 NAN = float("nan")
 
@@ -142,14 +142,14 @@ def two_scopes_equal_the_merge_of_each(kernel, sample: Sample, device):
     assume(p.extra_topk is not None)
     x = sample.inputs(device)
     call = x.source_args
-    oracle = oracle_of(x)
     o, lse = _run(kernel, x)
-    assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: both scopes in one call", lse, oracle.lse, oracle)
     main = _run(kernel, x, sink=None, extra_k_cache=None, extra_indices=None, extra_topk_len=None,
                 extra_cache_layout=None)
     extra = _run(kernel, x, sink=None, k=call["extra_k_cache"], v=call["extra_k_cache"], indices=call["extra_indices"],
                  topk_len=call.get("extra_topk_len"), cache_layout=call.get("extra_cache_layout"),
                  extra_k_cache=None, extra_indices=None, extra_topk_len=None, extra_cache_layout=None)
+    oracle = oracle_of(x)  # after every kernel call: no float64 answer exists while a kernel runs
+    assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: both scopes in one call", lse, oracle.lse, oracle)
     merged_o, merged_lse = reference.merge([main, extra], sink=x.sink)
     exact = [key_sources.attention(x.q, [source], scale=sample.scale) for source in x.oracle_sources]
     perfect_o = reference.merge([(part_o.to(p.dtype), part_lse) for part_o, part_lse in exact], sink=x.sink)[0]
@@ -244,7 +244,7 @@ ragged_calls_agree_with_the_oracle = _agreement(
     "lengths drawn with each request's rows) agrees with the float64 oracle under the verdict.")
 sparse_calls_agree_with_the_oracle = _agreement(
     "sparse_calls_agree_with_the_oracle", "test_an_index_sparse_call_agrees_with_the_oracle",
-    "repeated_index_counted_once", ("sparse",), (), "An index-sparse call (-1 anywhere, repeated indices, the cache's "
+    "last_slot_unread", ("sparse",), (), "An index-sparse call (-1 anywhere, repeated indices, the cache's "
     "last slot, topk_len) agrees with the float64 oracle under the verdict.")
 two_scope_calls_agree_with_the_oracle = _agreement(
     "two_scope_calls_agree_with_the_oracle", "test_a_two_scope_call_agrees_with_the_oracle", "topk_len_zero_reads_all",
@@ -258,3 +258,9 @@ fp4_cache_calls_agree_with_the_oracle = _agreement(
     "fp4_cache_calls_agree_with_the_oracle", "test_a_call_over_an_fp4_cache_agrees_with_the_oracle",
     "fp4_halves_flushed", ("sparse",), ("dsv4-fp4",), "A call over a dsv4-fp4 cache (every e2m1 code, scales toward "
     "either end) agrees with the oracle over the decoded keys.")
+
+refilled_caches_give_the_new_answer = Law(
+    check=refilled_buffers_give_the_new_answer.check, label="refilled_caches_give_the_new_answer",
+    test="test_the_same_caches_and_tables_refilled_give_the_new_answer", mutant="paged_cached_by_address",
+    draws="paged", sources=("paged", "sparse"), doc="The same caches, tables and indices, refilled in place with another draw's values, give "
+    "that draw's answer: a kernel that caches its results (or a plan) by address or by shape fails.")

@@ -65,8 +65,9 @@ def _key_lengths(draw, q_lens, upper: int, caps: Capabilities, causal: bool):
     fits = caps.q_len_at_most_kv_len or (causal and not caps.empty_rows)
     lengths = []
     for q in q_lens:
-        low = min(q, upper) if fits else 0
-        choices = [st.just(upper), st.integers(min(q, upper), upper)] + ([st.integers(low, upper)] if not fits else [])
+        choices = [st.just(upper), st.integers(min(q, upper), upper)]
+        if not fits:  # fewer keys than rows, or none at all: rows that see no key
+            choices += [st.just(0), st.integers(0, upper)]
         lengths.append(draw(st.one_of(*choices)))
     if not caps.empty_rows:  # no request with rows and no keys
         lengths = [max(n, 1) if q else n for n, q in zip(lengths, q_lens)]

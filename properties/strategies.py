@@ -8,7 +8,7 @@ scale, storage per tensor. What a kernel declares it cannot do is never drawn: i
 dims per dtype, the features it requires (causal-only), its shape relations (T = S, lengths
 a multiple of a tile) shape the draw, and `not_supported_reasons` filters what is left. A
 budget per call keeps the CPU tier, which interprets kernels, fast: the sizes drawn are cut
-(queries, then batch, then keys) until a call fits it.
+(queries and batch in turn, then keys) until a call fits it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # bytes each; on an H200 with 16 workers, 2^24 keeps each worker near 1 GB: larger draws ran
 # it out of memory). Tiles: what the Triton interpreter pays, about 6 ms per 32
 # rows x 64 keys x 256 head-dim columns whatever else is drawn (CPU), counted for
-# the MHA layout because the GQA law runs that too. Keys: B * Hq * S * (D + Dv), the float64
+# the MHA layout because the GQA law runs that too; at 64 of them a call, the laws of fmha's
+# interpreted kernels took 200 of the CPU tier's 2-core seconds, at 32 they take 90 (the GPU
+# tier draws the larger calls). Keys: B * Hq * S * (D + Dv), the float64
 # K and V the oracle repeats for every query head (at 2^27, 1 GB each; decode draws of
 # 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out). Rows:
 # B * Hq * T * (D + Dv), the float64 Q and O (the work budget bounds it on the CPU; on a GPU
@@ -46,7 +48,7 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # law's runs and oracles still passed a worker's 6.1 GB share (0.7 of an H200 over 16): 2^26.
 WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
 LOGIT_BUDGET = {"cpu": 2**22, "cuda": 2**24}
-TILE_BUDGET = {"cpu": 64, "cuda": 1e9}
+TILE_BUDGET = {"cpu": 48, "cuda": 1e9}
 KEY_BUDGET = {"cpu": 4e7, "cuda": 2**26}
 ROW_BUDGET = {"cpu": 4e7, "cuda": 2**26}
 
@@ -108,8 +110,8 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
     window = draw(st.integers(1, kv_len + 1)) if windowed else None
     sink = "sink" in requires or ("sink" in features and draw(st.booleans()))
 
-    # The kernel's shape relations, then the budget: fewer queries, then a smaller batch,
-    # then fewer keys.
+    # The kernel's shape relations, then the budget: fewer queries or a smaller batch, then
+    # fewer keys.
     heads_q = heads_kv * group
     q_step, kv_step = caps.q_len_multiple_of, caps.kv_len_multiple_of
     kv_len = _round_up(kv_len, kv_step)
@@ -118,10 +120,18 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
     def over(b, t, s):
         return call_cost(device, b, heads_q, t, s, head_dim, head_dim_v) > 1
 
-    while not caps.q_len_equals_kv_len and q_len > q_step and over(batch, q_len, kv_len):
-        q_len = _round_down(q_len // 2, q_step)
-    while batch > 1 and over(batch, q_len, kv_len):
-        batch //= 2
+    # Queries and batch halve in turn, the larger first: cutting queries alone to one row left
+    # the laws that need several (decode vs prefill, causal alignment) few draws to see them.
+    while over(batch, q_len, kv_len):
+        fewer_queries = not caps.q_len_equals_kv_len and q_len > q_step
+        if fewer_queries and (batch == 1 or q_len >= batch):
+            q_len = _round_down(q_len // 2, q_step)
+        elif batch > 1:
+            batch //= 2
+        elif fewer_queries:
+            q_len = _round_down(q_len // 2, q_step)
+        else:
+            break
     while kv_len > kv_step and over(batch, q_len, kv_len):
         kv_len = _round_down(kv_len // 2, math.lcm(q_step, kv_step) if caps.q_len_equals_kv_len else kv_step)
         q_len = kv_len if caps.q_len_equals_kv_len else q_len

@@ -31,7 +31,7 @@ def _child(conn, kernel_spec: str, trap_id: str, case_index: int, device: str) -
         conn.send(("raised", f"{type(e).__name__}: {e}"))
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         try:
             return f"signal {signal.Signals(-code).name}"
@@ -63,7 +63,7 @@ def check_case_isolated(kernel_spec: str, trap_id: str, case_index: int, device:
             status, payload = receiver.recv()
         except EOFError:
             child.join(10)
-            return [f"crash: the child process died ({_describe_exit(child.exitcode)}) while running the kernel"]
+            return [f"crash: the child process died ({describe_exit(child.exitcode)}) while running the kernel"]
         if status == "raised":
             return [f"raised {payload}"]
         return payload

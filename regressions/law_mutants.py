@@ -125,6 +125,26 @@ def max_instead_of_logsumexp(parts, sink=None):
     return o.to(parts[0][0].dtype), top
 
 
+def cached_by_address(name: str, fn, capabilities: Capabilities) -> KernelEntry:
+    """`fn` remembering its answers by its inputs' addresses and shapes (as a plan or result
+    cache keyed too coarsely does): a second call on the same buffers returns the first answer."""
+    answers = {}
+
+    def kernel(q, k, v, *, out=None, **kwargs):
+        tensors = (q, k, v, *(t for t in kwargs.values() if isinstance(t, torch.Tensor)))
+        key = tuple((t.data_ptr(), tuple(t.shape)) for t in tensors)
+        if key not in answers:
+            o, lse = fn(q, k, v, **kwargs)
+            answers[key] = (o.clone(), None if lse is None else lse.clone())
+        o, lse = answers[key]
+        if out is not None:
+            o = out.copy_(o)
+        return o, lse
+
+    return KernelEntry(name=name, fn=kernel, capabilities=capabilities, default_devices=(),
+                       description="answers remembered by the inputs' addresses and shapes")
+
+
 CORRECT = eager_kernel(None)
 CORRECT_MERGE = MergeEntry("torch-merge", correct_merge)
 MAX_MERGE = MergeEntry("max-merge", max_instead_of_logsumexp, description="merge takes max(lse), not logsumexp")
@@ -133,6 +153,9 @@ MAX_MERGE = MergeEntry("max-merge", max_instead_of_logsumexp, description="merge
 MUTANTS: dict[str, tuple[KernelEntry | MergeEntry, KernelEntry | MergeEntry]] = {
     **{bug: (eager_kernel(bug), CORRECT) for bug in BUGS},
     "max_merge": (MAX_MERGE, CORRECT_MERGE),
+    "cached_by_address": (cached_by_address("cached-by-address", eager, PROMISING), CORRECT),
+    "paged_cached_by_address": (cached_by_address("paged-cached-by-address", REFERENCE.fn, REFERENCE.capabilities),
+                                REFERENCE),
     **{name: (entry, REFERENCE) for name, entry in paged_mutants.MUTANTS.items()},
 }
 

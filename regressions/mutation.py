@@ -52,7 +52,7 @@ def _mutant_dir() -> str:
 
 
 def patch_source(source: str, patches: tuple[tuple[str, str], ...], name: str,
-                 path: str = "fmha/triton_dense.py") -> str:
+                 path: str = "fmha/kernels/triton_dense.py") -> str:
     for old, new in patches:
         count = source.count(old)
         if count != 1:

@@ -74,8 +74,10 @@ def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> 
     reasons = kernel.not_supported_reasons(case.problem, device)
     if not reasons:
         return case, ""
-    if case.problem.source == "dense":
-        return None, "; ".join(reasons)
+    caps = kernel.capabilities_on(device)
+    if (case.problem.source == "dense" or kernel.availability(device) or not case.problem.sources <= caps.sources
+            or not case.problem.cache_layouts <= caps.cache_layouts):
+        return None, "; ".join(reasons)  # what it reads, the kernel does not: nothing to re-lay
     tried = [c for c in _layouts(case, kernel.capabilities_on(device)) if not kernel.not_supported_reasons(c.problem, device)]
     if not tried:
         return None, "; ".join(reasons)
@@ -98,7 +100,8 @@ def _layouts(case: Sample, caps) -> list[Sample]:
     """Candidate layouts of a paged or sparse case inside `caps`, the smallest change first."""
     p = case.problem
     dims = caps.head_dims_for(p.dtype)
-    head_dims = [p.head_dim] if dims is None or p.head_dim in dims else sorted(dims, key=lambda d: abs(d - p.head_dim))[:2]
+    head_dims = [p.head_dim] if dims is None or p.head_dim in dims or p.cache_layouts else sorted(
+        dims, key=lambda d: abs(d - p.head_dim))[:2]  # a quantized cache's head dim is its layout's
     block_sizes = [p.block_size] if caps.block_sizes is None or p.block_size in caps.block_sizes else list(caps.block_sizes)
     extra_sizes = [p.extra_block_size] if (p.extra_block_size is None or caps.block_sizes is None
                                            or p.extra_block_size in caps.block_sizes) else list(caps.block_sizes)
@@ -111,11 +114,13 @@ def _layouts(case: Sample, caps) -> list[Sample]:
             changes["head_dim_v"] = head_dim
         if "gqa" not in caps.features:
             changes["heads_kv"] = p.heads_q
-        sample = case.replace(**changes)
         if p.source == "paged" and block_size != p.block_size:  # each request's pages, full and partial, kept
-            sample = sample.replace(kv_lens=tuple(_same_pages(n, p.block_size, block_size) for n in case.kv_lens)
-                                    if case.kv_lens else None, kv_len=_same_pages(p.kv_len, p.block_size, block_size))
-        candidates.append(sample)
+            changes |= dict(kv_lens=tuple(_same_pages(n, p.block_size, block_size) for n in case.kv_lens)
+                            if case.kv_lens else None, kv_len=_same_pages(p.kv_len, p.block_size, block_size))
+        try:
+            candidates.append(case.replace(**changes))
+        except ValueError:  # a layout the contract has no call for
+            continue
     return candidates
 
 

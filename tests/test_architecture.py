@@ -118,7 +118,7 @@ def _recipe(title: str) -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_add_a_kernel_recipe_gives_an_entry_that_runs_what_it_declares():
+def test_the_add_a_kernel_recipe_gives_an_entry_that_runs_what_it_declares(device):
     import torch
 
     from fmha.contract import NotSupportedError, Problem
@@ -129,10 +129,10 @@ def test_the_add_a_kernel_recipe_gives_an_entry_that_runs_what_it_declares():
     exec(_recipe("Add a kernel"), scope)
     entry = scope["ENTRY"]
     inside = Problem(batch=2, q_len=1, kv_len=70, heads_q=4, heads_kv=2, head_dim=128)
-    verdict = check_sample(entry, Sample(problem=inside))
+    verdict = check_sample(entry, Sample(problem=inside), device)
     assert verdict.passed, verdict.message()
-    assert entry.not_supported_reasons(inside.replace(q_len=3), "cpu") == ["T=3 > max 1"]
-    outside = Sample(problem=inside.replace(head_dim=64)).inputs()
+    assert entry.not_supported_reasons(inside.replace(q_len=3), device) == ["T=3 > max 1"]
+    outside = Sample(problem=inside.replace(head_dim=64)).inputs(device)
     with pytest.raises(NotSupportedError, match="head dim D=64 unsupported"):
         entry(outside.q, outside.k, outside.v)
 
@@ -162,10 +162,10 @@ def test_the_add_a_law_recipe_is_one_record_the_suite_picks_up(monkeypatch):
     quick = settings(max_examples=5, derandomize=True, database=None, deadline=None)
     new.run("cpu", KERNELS["reference"], settings=quick)
     with pytest.raises(AssertionError):
-        new.run("cpu", MUTANTS[new.mutant][0], settings=quick)
+        new.run("cpu", MUTANTS[new.mutant][0], settings=quick)  # the eager mutants run on the CPU
 
 
-def test_the_add_an_adapter_recipe_translates_the_librarys_conventions():
+def test_the_add_an_adapter_recipe_translates_the_librarys_conventions(device):
     import math
     import types
 
@@ -184,6 +184,6 @@ def test_the_add_an_adapter_recipe_translates_the_librarys_conventions():
     exec(_recipe("Add an adapter"), scope)
     entry = scope["ENTRIES"][0]
     sample = Sample(problem=Problem(batch=1, q_len=5, kv_len=40, heads_q=4, heads_kv=2, head_dim=64, causal=True))
-    verdict = check_sample(entry, sample)
+    verdict = check_sample(entry, sample, device)
     assert verdict.passed, verdict.message()
-    assert "window" in " ".join(entry.not_supported_reasons(sample.problem.replace(window=4), "cpu"))
+    assert "window" in " ".join(entry.not_supported_reasons(sample.problem.replace(window=4), device))

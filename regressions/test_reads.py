@@ -1,0 +1,30 @@
+"""Nothing outside a call's tensors is read: every paged and sparse named case, laid out for
+the kernel, with an exactly sized block table and each of its tensors against a guard page,
+runs in a child process (regressions/guarded_reads.py). The CPU tier's check; on GPUs
+`python -m fmha.ci.sanitize` runs the same cases under compute-sanitizer's memcheck."""
+
+import pytest
+
+from fmha.regressions.guarded_reads import over_reads
+from fmha.regressions.trap import laid_out_for
+from fmha.regressions.traps import MUTANTS, TRAPS
+
+pytestmark = pytest.mark.regression
+
+
+def test_nothing_past_the_calls_tensors_is_read(kernel, device):
+    if device != "cpu":
+        pytest.skip("guard pages guard host memory: on GPUs, python -m fmha.ci.sanitize checks the same cases")
+    if not kernel.capabilities_on(device).sources & {"paged", "sparse"}:
+        pytest.skip(f"{kernel.name}: no paged or sparse source (Capabilities.sources): nothing to read past")
+    samples = []
+    for trap in TRAPS.values():
+        mutants = [m.kernel() for m in MUTANTS.values() if m.trap == trap.id and not m.isolate]
+        for case in trap.cases:
+            if case.problem.source != "dense":
+                laid, _ = laid_out_for(kernel, case, device, mutants)
+                samples += [laid] if laid is not None else []
+    if not samples:
+        pytest.skip(f"{kernel.name}: none of the paged or sparse named cases can be laid out for it")
+    found = over_reads(kernel.name, samples)
+    assert not found, "\n".join(found)
