@@ -57,10 +57,10 @@ def check_case(kernel: KernelEntry, case: Sample, device: str, symptoms: tuple[S
     """Run `kernel` on the case; return what failed (empty: the kernel passes)."""
     run = run_kernel(kernel, case.inputs(device))
     oracle = oracle_of(run.inputs)
-    failures = list(judge_run(run, oracle=oracle, kernel=kernel).failures)
+    verdict = judge_run(run, oracle=oracle, kernel=kernel)
     # Unwritten elements still hold the NaN poison: symptom checks skip non-finite values.
-    failures += [f for check in symptoms if (f := check(run.o, oracle.o, case.problem))]
-    return failures
+    failures = verdict.failures + [f for check in symptoms if (f := check(run.o, oracle.o, case.problem))]
+    return failures + [f"likely cause: {hint}" for hint in verdict.hints] if failures else []
 
 
 def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> tuple[Sample | None, str]:

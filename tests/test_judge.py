@@ -96,10 +96,11 @@ def test_no_float64_answer_is_alive_while_a_kernel_runs(pytester, tmp_path, monk
     pytester.makepyfile(searching=SEARCHING)
     result = pytester.runpytest_subprocess(
         "--pyargs", "fmha.properties", "-p", "no:cacheprovider", "--fmha-kernel=searching:searching",
-        "--fmha-device=cpu", "-k", "(matches_oracle and normal and bf16) or split or window or decode or "
-        "test_agrees_with_the_oracle or two_scopes_equal or hd64-T1-S128")
+        "--fmha-device=cpu", "--hypothesis-profile=fmha-triage", "-k",
+        "(matches_oracle and normal and bf16 and hd64) or split or window or decode or test_agrees_with_the_oracle "
+        "or two_scopes_equal")
     out = result.stdout.str()
-    assert result.parseoutcomes().get("passed", 0) >= 20, out[-3000:]
+    assert result.parseoutcomes().get("passed", 0) >= 8, out[-3000:]
     assert not found.exists(), f"float64 answers found while the kernel ran:\n{found.read_text()}"
 
 

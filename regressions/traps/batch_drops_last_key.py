@@ -6,17 +6,12 @@ from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="batch-drops-last-key",
-    seeds=(),
+    id="batch-drops-last-key", seeds=(),
     source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="each request of a batch misses its last key",
     root_cause="the batched path's bound is kv_len - 1",
-    cases=(
-        reproducer(PAGED,
-                   kv_lens=(9, 6, 5), seed=1, why="three requests"),
-        reproducer(PAGED.replace(ragged=True),
-                   kv_lens=(9, 3, 5), q_lens=(2, 2, 1), seed=3, why="packed queries"),
-    ),
+    cases=(reproducer(PAGED, kv_lens=(9, 6, 5), seed=1, why="three requests"),
+           reproducer(PAGED.replace(ragged=True), kv_lens=(9, 3, 5), q_lens=(2, 2, 1), seed=3, why="packed queries")),
 )
 
 MUTANTS = (as_mutant(TRAP.id, "batch_drops_last_key"),)

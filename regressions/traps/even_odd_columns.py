@@ -8,17 +8,14 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="even-odd-columns",
-    seeds=("003",),
+    id="even-odd-columns", seeds=("003",),
     source="seed 003, 'Key lessons': offset descriptors, even/odd column corruption",
     symptom="correct at head dim 64, wrong above it (the first K-tile is right)",
     root_cause="a shared-memory descriptor offset for K-tiles after the first swapped even and odd head-dim columns",
-    cases=(
-        reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=128),
-                   why="the second half of the head dim is a later K-tile"),
-        reproducer(Problem(batch=1, q_len=8, kv_len=64, heads_q=2, heads_kv=1, head_dim=256),
-                   "peaky", why="several K-tiles, peaky scores"),
-    ),
+    cases=(reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=128),
+                      why="the second half of the head dim is a later K-tile"),
+           reproducer(Problem(batch=1, q_len=8, kv_len=64, heads_q=2, heads_kv=1, head_dim=256),
+                      "peaky", why="several K-tiles, peaky scores")),
 )
 
 MUTANTS = (

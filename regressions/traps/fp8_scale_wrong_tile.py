@@ -2,22 +2,18 @@
 Tiles drawn with equal magnitudes share a scale and hide it; the sample layout gives tiles
 magnitudes 2^(i % 5 - 2)."""
 
-from fmha.regressions.paged_cases import SPARSE
+from fmha.regressions.paged_cases import SHIPPED, SPARSE
 from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="fp8-scale-wrong-tile",
-    seeds=(),
-    source="named in the contract-v2 issue among the bugs production paged and sparse kernels shipped",
+    id="fp8-scale-wrong-tile", seeds=(),
+    source=SHIPPED,
     symptom="keys decoded with the wrong power of two per 64 dims: scores off by factors of 2",
     root_cause="the scale index is the tile index plus one",
-    cases=(
-        reproducer(SPARSE,
-                   topk_lens=(6, 3), seed=5, why="FP8 cache, 7 tiles of different magnitudes"),
-        reproducer(SPARSE.replace(source="paged", q_len=1, kv_len=7, block_size=3, sink=False),
-                   kv_lens=(7, 4), seed=2, why="a paged FP8 cache"),
-    ),
+    cases=(reproducer(SPARSE, topk_lens=(6, 3), seed=5, why="FP8 cache, 7 tiles of different magnitudes"),
+           reproducer(SPARSE.replace(source="paged", q_len=1, kv_len=7, block_size=3, sink=False),
+                      kv_lens=(7, 4), seed=2, why="a paged FP8 cache")),
 )
 
 MUTANTS = (as_mutant(TRAP.id, "fp8_scale_of_the_next_tile"),)

@@ -1,22 +1,18 @@
 """last-partial-page: a request's last, partial page read whole: the slots past its kv length
 (another request's keys, or poison) count too."""
 
-from fmha.regressions.paged_cases import PAGED
+from fmha.regressions.paged_cases import SHIPPED, PAGED
 from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="last-partial-page",
-    seeds=(),
-    source="named in the contract-v2 issue among the bugs production paged and sparse kernels shipped",
+    id="last-partial-page", seeds=(),
+    source=SHIPPED,
     symptom="requests whose kv length is not a multiple of the block size attend the rest of their last page",
     root_cause="the key loop's bound is the page count times the block size, not kv_len",
-    cases=(
-        reproducer(PAGED,
-                   kv_lens=(9, 7, 3), seed=7, why="every request ends inside a page"),
-        reproducer(PAGED.replace(ragged=True),
-                   kv_lens=(9, 3, 5), q_lens=(2, 0, 1), seed=3, why="packed queries, partial pages"),
-    ),
+    cases=(reproducer(PAGED, kv_lens=(9, 7, 3), seed=7, why="every request ends inside a page"),
+           reproducer(PAGED.replace(ragged=True),
+                      kv_lens=(9, 3, 5), q_lens=(2, 0, 1), seed=3, why="packed queries, partial pages")),
 )
 
 MUTANTS = (as_mutant(TRAP.id, "whole_last_page"),)

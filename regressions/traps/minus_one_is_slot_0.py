@@ -2,22 +2,18 @@
 clamp before the mask. Slot 0 is a real key of some request (or poison), so the row attends a
 key it was never given."""
 
-from fmha.regressions.paged_cases import SPARSE, TWO_SCOPES
+from fmha.regressions.paged_cases import SHIPPED, SPARSE, TWO_SCOPES
 from fmha.regressions.paged_mutants import as_mutant
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="minus-one-is-slot-0",
-    seeds=(),
-    source="named in the contract-v2 issue among the bugs production paged and sparse kernels shipped",
+    id="minus-one-is-slot-0", seeds=(),
+    source=SHIPPED,
     symptom="rows with invalid indices attend slot 0's key: wrong output, or NaN where slot 0 is unwritten",
     root_cause="the gather clamps or casts the index before masking -1",
-    cases=(
-        reproducer(SPARSE,
-                   topk_lens=(6, 3), invalid=0.25, seed=5, why="a quarter of the indices -1, FP8 cache"),
-        reproducer(TWO_SCOPES,
-                   topk_lens=(6, 0), extra_topk_lens=(4, 2), invalid=0.5, seed=6, why="half the indices of both scopes -1"),
-    ),
+    cases=(reproducer(SPARSE, topk_lens=(6, 3), invalid=0.25, seed=5, why="a quarter of the indices -1, FP8 cache"),
+           reproducer(TWO_SCOPES,
+                      topk_lens=(6, 0), extra_topk_lens=(4, 2), invalid=0.5, seed=6, why="half the indices of both scopes -1")),
 )
 
 MUTANTS = (as_mutant(TRAP.id, "minus_one_is_slot_0"),)

@@ -8,16 +8,13 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="multi-tile-rescale",
-    seeds=("000", "002"),
+    id="multi-tile-rescale", seeds=("000", "002"),
     symptom="exact with one KV tile, wrong with several whenever a later tile holds a larger logit",
     root_cause="the output accumulator was not rescaled when the running maximum changed between KV tiles",
-    cases=(
-        reproducer(Problem(batch=1, q_len=1, kv_len=256, heads_q=4, heads_kv=1, head_dim=64),
-                   "rising_max", why="the maximum rises in every KV tile"),
-        reproducer(Problem(batch=1, q_len=16, kv_len=200, heads_q=2, heads_kv=1, head_dim=128),
-                   "rising_max", why="prefill rows, a partial last tile"),
-    ),
+    cases=(reproducer(Problem(batch=1, q_len=1, kv_len=256, heads_q=4, heads_kv=1, head_dim=64),
+                      "rising_max", why="the maximum rises in every KV tile"),
+           reproducer(Problem(batch=1, q_len=16, kv_len=200, heads_q=2, heads_kv=1, head_dim=128),
+                      "rising_max", why="prefill rows, a partial last tile")),
 )
 
 MUTANTS = (

@@ -8,16 +8,13 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="normalize-twice",
-    seeds=("002",),
+    id="normalize-twice", seeds=("002",),
     symptom="the output is row_sum times too small (128x on uniform scores over 128 keys); cosine is still ~1",
     root_cause="the epilogue divides by the softmax row sum although P was already normalised",
-    cases=(
-        reproducer(Problem(batch=1, q_len=1, kv_len=128, heads_q=4, heads_kv=1, head_dim=64),
-                   "constant_scores", why="uniform weights: row sum = 128"),
-        reproducer(Problem(batch=1, q_len=32, kv_len=64, heads_q=2, heads_kv=2, head_dim=128, causal=True),
-                   why="prefill; rows sum different numbers of keys"),
-    ),
+    cases=(reproducer(Problem(batch=1, q_len=1, kv_len=128, heads_q=4, heads_kv=1, head_dim=64),
+                      "constant_scores", why="uniform weights: row sum = 128"),
+           reproducer(Problem(batch=1, q_len=32, kv_len=64, heads_q=2, heads_kv=2, head_dim=128, causal=True),
+                      why="prefill; rows sum different numbers of keys")),
 )
 
 MUTANTS = (

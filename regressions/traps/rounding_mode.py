@@ -11,14 +11,12 @@ from fmha.regressions.symptoms import rounding_bias
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="rounding-mode",
-    seeds=("003",),
+    id="rounding-mode", seeds=("003",),
     source="seed 003: threshold RNE, '2.75 must use >= (not >)'",
     symptom="outputs are biased toward zero by half a bf16 ulp; cosine, error ratio and ulp bounds all pass",
     root_cause="the fp32 -> bf16 output conversion truncates instead of rounding to nearest even",
-    cases=(
-        reproducer(Problem(batch=1, q_len=32, kv_len=64, heads_q=4, heads_kv=2, head_dim=128),
-                   why="16384 outputs: the mean error in ulps resolves a bias of a few hundredths"),
+    cases=(reproducer(Problem(batch=1, q_len=32, kv_len=64, heads_q=4, heads_kv=2, head_dim=128),
+                      why="16384 outputs: the mean error in ulps resolves a bias of a few hundredths"),
     ),
     symptoms=(rounding_bias,),
 )

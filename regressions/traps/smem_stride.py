@@ -8,16 +8,13 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="smem-stride",
-    seeds=("002",),
+    id="smem-stride", seeds=("002",),
     symptom="scores are mostly garbage: the K tile in shared memory is mostly unwritten",
     root_cause="a cooperative shared-memory copy strided by the CTA size (192) while one warp (32 threads) ran it",
-    cases=(
-        reproducer(Problem(batch=1, q_len=8, kv_len=128, heads_q=2, heads_kv=1, head_dim=64),
-                   why="two KV tiles of N(0,1) keys"),
-        reproducer(Problem(batch=2, q_len=1, kv_len=96, heads_q=4, heads_kv=1, head_dim=128, shared_kv=True),
-                   "peaky", why="decode, K = V, peaky scores"),
-    ),
+    cases=(reproducer(Problem(batch=1, q_len=8, kv_len=128, heads_q=2, heads_kv=1, head_dim=64),
+                      why="two KV tiles of N(0,1) keys"),
+           reproducer(Problem(batch=2, q_len=1, kv_len=96, heads_q=4, heads_kv=1, head_dim=128, shared_kv=True),
+                      "peaky", why="decode, K = V, peaky scores")),
 )
 
 MUTANTS = (

@@ -7,21 +7,15 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="unmasked-padding",
-    seeds=("002",),
+    id="unmasked-padding", seeds=("002",),
     symptom="wrong (shrunk) outputs whenever S is not a multiple of the KV tile, exact when it is",
     root_cause="keys past S in the last KV tile were not masked out of the softmax",
-    cases=(
-        reproducer(Problem(batch=1, q_len=1, kv_len=100, heads_q=4, heads_kv=1, head_dim=64),
-                   why="S = 100: the last tile of 64 or 128 keys is part padding"),
-        reproducer(Problem(batch=1, q_len=4, kv_len=100, heads_q=8, heads_kv=1, head_dim=128, shared_kv=True),
-                   "flat", why="MTP decode, flat scores: pad weight is large"),
-    ),
+    cases=(reproducer(Problem(batch=1, q_len=1, kv_len=100, heads_q=4, heads_kv=1, head_dim=64),
+                      why="S = 100: the last tile of 64 or 128 keys is part padding"),
+           reproducer(Problem(batch=1, q_len=4, kv_len=100, heads_q=8, heads_kv=1, head_dim=128, shared_kv=True),
+                      "flat", why="MTP decode, flat scores: pad weight is large")),
 )
 
-MUTANTS = (
-    Mutant(
-        "unmasked-padding", TRAP.id, "the softmax sees every column of the last KV tile, including the pad",
-        lambda: patched_triton_kernel("unmasked-padding", ("visible = (cols < hi)[None, :]", "visible = (cols >= 0)[None, :]")),
-    ),
-)
+MUTANTS = (Mutant("unmasked-padding", TRAP.id, "the softmax sees every column of the last KV tile, including the pad",
+                  lambda: patched_triton_kernel("unmasked-padding", ("visible = (cols < hi)[None, :]",
+                                                                     "visible = (cols >= 0)[None, :]"))),)

@@ -10,15 +10,12 @@ from fmha.regressions.trap import Trap, reproducer
 DECODES = PAGED.replace(batch=4, q_len=1, ragged=True)
 
 TRAP = Trap(
-    id="zero-query-request",
-    seeds=(),
+    id="zero-query-request", seeds=(),
     source="vLLM's Triton unified_attention through the paged call (CPU and an H200; DESIGN.md)",
     symptom="the decodes after a request with no query rows come out wrong, or unwritten",
     root_cause="requests with no query rows dropped from the launch: program i reads the i-th request's keys",
-    cases=(
-        reproducer(DECODES, kv_lens=(9, 6, 5, 8), q_lens=(0, 1, 1, 1), seed=2, why="the first request has no rows"),
-        reproducer(DECODES, kv_lens=(4, 9, 2, 7), q_lens=(1, 0, 1, 1), seed=5, why="no rows between decodes"),
-    ),
+    cases=(reproducer(DECODES, kv_lens=(9, 6, 5, 8), q_lens=(0, 1, 1, 1), seed=2, why="the first request has no rows"),
+           reproducer(DECODES, kv_lens=(4, 9, 2, 7), q_lens=(1, 0, 1, 1), seed=5, why="no rows between decodes")),
 )
 
 MUTANTS = (as_mutant(TRAP.id, "zero_query_request_shifts_rows"),)
