@@ -24,6 +24,7 @@ import os
 import pytest
 import torch
 
+from fmha.ci import progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
 from fmha.properties.session import DEVICE, register_profiles, reproduce_command
 
@@ -63,6 +64,8 @@ def pytest_addoption(parser):
                     help="a TOML file of known failures of your kernels (the ledger's records), run as strict xfails")
     group.addoption("--fmha-nightly", action="store_true", help="also run tests marked nightly")
     group.addoption("--fmha-slow", action="store_true", help="on the CPU, also run tests marked slow")
+    group.addoption("--fmha-progress", type=float, default=None, metavar="SECONDS",
+                    help="a progress line every SECONDS (default: 10 where the output is not a terminal; 0: none)")
 
 
 def pytest_configure(config):
@@ -93,6 +96,10 @@ def pytest_configure(config):
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
     config.stash[KNOWN_FAILURES] = known
+
+
+def pytest_sessionstart(session):
+    progress.install(session.config)
 
 
 def _selection(config) -> tuple[list[KernelEntry], list]:

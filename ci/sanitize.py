@@ -1,13 +1,13 @@
-"""The sanitizer tier (GPU): the paged and sparse named cases under NVIDIA's compute-sanitizer.
+"""The sanitizer tier (GPU): every named case under NVIDIA's compute-sanitizer.
 
-    python -m fmha.ci.sanitize                                  # fmha's kernels, memcheck and synccheck
+    python -m fmha.ci.sanitize                                  # fmha's kernels: memcheck, synccheck
     python -m fmha.ci.sanitize --fmha-kernel my_pkg.attn:fwd --tool memcheck --tool racecheck
     python -m fmha.ci.sanitize --json sanitize.json
 
 Output comparisons cannot see a kernel read what the call does not name (an unmasked load one
 entry past a block table reads memory nobody owns and discards it). For each kernel and tool,
-one child process runs every paged and sparse named case, laid out for the kernel, under
-`compute-sanitizer --tool <tool>` with PyTorch's caching allocator off
+one child process runs every named case the kernel supports (dense, paged and sparse), laid out
+for it, under `compute-sanitizer --tool <tool>` with PyTorch's caching allocator off
 (PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor its own allocation, so a read past one is a read
 past an allocation). Each finding is reported with the case it happened in, the kernel and its
 source line, and the command that reruns it. Findings a kernel's authors have explained (a
@@ -19,6 +19,7 @@ compute-sanitizer is missing, or refuses the device, it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -29,12 +30,15 @@ import sys
 from dataclasses import asdict, dataclass
 
 from fmha.ci.cli import kernel_parser, parse, selected_kernels
+from fmha.registry import resolve_kernel
 
 TOOLS = ("memcheck", "synccheck", "racecheck")
+OWN = ("fmha", "triton")  # the kernels sanitized without --fmha-kernel
 MARK = "fmha-sanitize-case: "
 FINDINGS = ("Invalid", "Race reported", "Barrier error", "Divergent", "hazard", "Uninitialized", "Misaligned")
 CONSEQUENCES = ("Program hit", "Target application returned", "process didn't terminate")
 _LOCATION = re.compile(r"at (?P<where>\S+?)(?:\+0x[0-9a-f]+)? in (?P<file>\S+?):(?P<line>\d+)")
+_DIRECTORY = re.compile(r"(?<= in )\S*/(?=[^/\s]+:\d+)")
 
 
 @dataclass
@@ -47,9 +51,17 @@ class Finding:
     known: str = ""  # the ledger record's reason, if one explains it
     rerun: str = ""
 
+    @property
+    def lines(self) -> str:
+        """The source lines involved, "file:line <-> file:line" for a race (first access, then
+        the other), what a ledger record's `case` names."""
+        first = _LOCATION.search(self.what)
+        other = self.where.rpartition(" at ")[2]
+        return f"{first['file']}:{first['line']} <-> {other}" if first else other
+
 
 def cases(kernel, device: str) -> list:
-    """Every paged and sparse named case, laid out for `kernel` ((trap id, case) pairs)."""
+    """Every named case `kernel` supports, laid out for it ((trap id, case) pairs)."""
     from fmha.regressions.trap import laid_out_for
     from fmha.regressions.traps import MUTANTS, TRAPS
 
@@ -57,10 +69,9 @@ def cases(kernel, device: str) -> list:
     for trap in TRAPS.values():
         mutants = [m.kernel() for m in MUTANTS.values() if m.trap == trap.id and not m.isolate]
         for case in trap.cases:
-            if case.problem.source != "dense":
-                laid, _ = laid_out_for(kernel, case, device, mutants)
-                if laid is not None:
-                    found.append((trap.id, laid))
+            laid, _ = laid_out_for(kernel, case, device, mutants)
+            if laid is not None:
+                found.append((trap.id, laid))
     return found
 
 
@@ -97,7 +108,7 @@ def parse_report(text: str, kernel: str, tool: str) -> list[Finding]:
             # The tool's own findings; the errors of the API calls after an invalid access
             # ("Program hit cudaErrorLaunchFailure ...") are its consequences, not findings.
             if any(word in body for word in FINDINGS) and not any(word in body for word in CONSEQUENCES):
-                findings.append(Finding(kernel, tool, case, body.strip(), ""))
+                findings.append(Finding(kernel, tool, case, _DIRECTORY.sub("", body.strip()), ""))
         elif findings and not findings[-1].where and (located := _LOCATION.search(body)):
             findings[-1].where = f"{located['where']} at {os.path.basename(located['file'])}:{located['line']}"
     return findings
@@ -124,7 +135,7 @@ def sanitize(kernel, tool: str, device: str, path: str, known) -> tuple[list[Fin
         return [], f"compute-sanitizer did not run the cases (exit code {result.returncode}): {text.strip()[-300:]}"
     findings = parse_report(text, kernel.name, tool)
     for finding in findings:
-        record = ledger.known_failure(known, kernel.name, f"sanitize:{tool}", device, finding.where)
+        record = ledger.known_failure(known, kernel.name, f"sanitize:{tool}", device, finding.lines)
         finding.known = record.reason if record else ""
         finding.rerun = shlex.join(["env", "PYTORCH_NO_CUDA_MEMORY_CACHING=1", *command])
     return findings, ""
@@ -142,7 +153,9 @@ def main(argv=None) -> int:
     if args.child:
         run_cases(args.child, args.fmha_device)
         return 0
-    kernels = [k for k in selected_kernels(parser, args) if k.capabilities_on(args.fmha_device).sources & {"paged", "sparse"}]
+    # Without --fmha-kernel: fmha's own, each case on the kernel fmha.attention picks for it,
+    # then on the Triton kernels also where a Gluon one would run.
+    kernels = selected_kernels(parser, args) if args.fmha_kernel else [resolve_kernel(n) for n in OWN]
     path, why = sanitizer(args.fmha_device)
     if path is None:
         print(f"fmha.ci.sanitize: skipped: {why}")
@@ -157,11 +170,13 @@ def main(argv=None) -> int:
             new = [f for f in found if not f.known]
             print(f"{kernel.name}, {tool}: {'skipped' if refused else f'{len(found)} finding(s), {len(new)} unexplained'}",
                   flush=True)
-    for finding in findings:
-        status = f"known: {finding.known}" if finding.known else "FINDING"
-        print(f"\n{status}: {finding.kernel}, {finding.tool}, case {finding.case or '(before the first case)'}\n"
+    for finding in (f for f in findings if not f.known):
+        print(f"\nFINDING: {finding.kernel}, {finding.tool}, case {finding.case or '(before the first case)'}\n"
               f"  {finding.what}\n  in {finding.where or '(no source line: compile the kernel with line info)'}\n"
               f"  rerun: {finding.rerun}")
+    explained = collections.Counter((f.kernel, f.tool, f.lines, f.known) for f in findings if f.known)
+    for (kernel, tool, lines, reason), count in explained.items():
+        print(f"\nknown ({count}x): {kernel}, {tool}, {lines}: {reason}")
     for line in skipped:
         print(f"skipped: {line}")
     if args.json:

@@ -22,6 +22,7 @@ import json
 import math
 import re
 import sys
+import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
@@ -30,6 +31,7 @@ import torch
 from hypothesis import HealthCheck, Phase, settings
 from tqdm import tqdm
 
+from fmha.ci import progress
 from fmha.ci.cli import kernel_parser, parse, selected_kernels
 from fmha.contract import NotSupportedError
 from fmha.oracles.check import judge_run, run_kernel
@@ -187,15 +189,25 @@ def main(argv=None) -> int:
     law_list = [law for law in LAWS.values() if law.draws != "merge"] if args.law_examples > 0 and not args.calibrate else []
     worst = defaultdict(lambda: {c: (-math.inf, "") for c in WORST}) if args.calibrate else None
     results = []
-    with tqdm(total=len(kernels) * (len(cases) + len(law_list)), unit="case", file=sys.stderr, disable=None) as bar:
+    total, start, now = len(kernels) * (len(cases) + len(law_list)), time.monotonic(), [""]
+
+    def line() -> str:  # piped output (a CI log) gets this every few seconds instead of tqdm's bar
+        return (f"fmha verify: {len(results)}/{total} done in {progress.elapsed(time.monotonic() - start)}, "
+                f"{sum(r.bad for r in results)} failed; now {now[0]}")
+
+    with (tqdm(total=total, unit="case", file=sys.stderr, disable=None) as bar,
+          progress.Ticker(0 if sys.stderr.isatty() else progress.EVERY_S, line,
+                          lambda text: print(text, file=sys.stderr, flush=True))):
         for kernel in kernels:
             for sample in cases:
-                bar.set_postfix_str(f"{kernel.name} {sample.id}"[:60])
+                now[0] = f"{kernel.name} {sample.id}"
+                bar.set_postfix_str(now[0][:60])
                 results.append(_against_ledger(agreement(kernel, sample, device, worst), known, device,
                                                "test_kernel_matches_oracle"))
                 bar.update()
             for law in law_list:
-                bar.set_postfix_str(f"{kernel.name} {law.name}")
+                now[0] = f"{kernel.name} {law.name}"
+                bar.set_postfix_str(now[0])
                 results.append(_against_ledger(law_pass(kernel, law, device, args.law_examples), known, device,
                                                law.test))
                 bar.update()

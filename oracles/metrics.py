@@ -104,7 +104,7 @@ def measure(
     `logit_rms` (RMS of the visible logits) sets the error a perfect kernel makes by holding
     logits in float32: about 2**-24 * |s| relative, which dominates for fp32 outputs when
     |s| is large. `oracle_abs` is the oracle over |v| (the scale of the terms each output
-    element sums); without it |O| is used. `perfect_o` is what a kernel without error of its
+    element sums, and of the error summing them in fp32 makes); without it |O| is used. `perfect_o` is what a kernel without error of its
     own returns through the caller's procedure (say, parts rounded to the output dtype, then
     merged): its distance from the oracle is inherent to the procedure and joins the floor.
     `logit_magnitude` (B, H, T) bounds each row's logits before cancellation (the oracle's):
@@ -149,7 +149,11 @@ def measure(
     if perfect_o is not None and ref_norm > 0:
         with_procedure = math.hypot(output_floor, float((perfect_o.double() - O).norm()) / ref_norm)
         procedure_widening, output_floor = with_procedure / output_floor, with_procedure
-    floor = math.hypot(output_floor, 2.0**-24 * logit_rms)
+    # Each output element is a sum of p * v: summed in fp32 it is off by about 2^-24 of the
+    # terms' sum, which outweighs the output's own rounding where they cancel (fp32, a ramp V
+    # averaged to about 0: SDPA's math kernel measured 110x the output rounding alone).
+    summed = 2.0**-24 * float(oracle_abs.double().norm()) / ref_norm if oracle_abs is not None and ref_norm > 0 else 0.0
+    floor = math.hypot(output_floor, 2.0**-24 * logit_rms, summed)
     error_ratio = rel_l2 / floor
 
     row_ref = O.norm(dim=-1)

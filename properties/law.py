@@ -16,6 +16,7 @@ for one that does not (`assert_same`).
 from __future__ import annotations
 
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -220,6 +221,12 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
         except NotSupportedError as e:
             refused.append(str(e))
             reject()
+        except Exception as failure:
+            # The failing call's tensors (inputs, outputs, float64 oracles) would live on in the
+            # traceback while hypothesis shrinks, and after it: on an H200 worker's 6 GB share
+            # they ran the next examples, and the next test, out of memory.
+            traceback.clear_frames(failure.__traceback__)
+            raise
 
     for sample in pinned:
         check = example(sample=sample)(check)

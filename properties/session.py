@@ -30,7 +30,7 @@ def register_profiles() -> None:
         return
     slow_draws = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
     settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws)
-    settings.register_profile("fmha-ci", max_examples=8, deadline=None, derandomize=True, database=None,
+    settings.register_profile("fmha-ci", max_examples=6, deadline=None, derandomize=True, database=None,
                               print_blob=True, suppress_health_check=slow_draws)
     settings.register_profile("fmha-nightly", max_examples=200, deadline=None, print_blob=True,
                               database=DirectoryBasedExampleDatabase(".hypothesis/nightly"),

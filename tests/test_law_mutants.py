@@ -3,6 +3,7 @@
 small sample; the mutant's correct twin obeys the law. docs/laws.md is the records' table."""
 
 import itertools
+import weakref
 import re
 from pathlib import Path
 
@@ -117,3 +118,20 @@ def test_a_kernel_whose_identical_calls_differ_is_named_nondeterministic_not_fla
     with pytest.raises(AssertionError, match="nondeterministic output: two identical calls differ") as caught:
         LAWS["agrees_with_oracle"].run("cpu", kernel, settings=QUICK, pinned=False)
     assert "first at" in str(caught.value) and "promises bitwise_deterministic" in str(caught.value)
+
+
+def test_a_failing_examples_tensors_do_not_outlive_it():
+    """The tensors of a failing call (inputs, outputs, float64 oracles) are freed once the law has
+    failed, not kept by the traceback while hypothesis shrinks and after: on an H200 worker's 6 GB
+    share they ran the next examples, and the next test, out of memory."""
+    alive = []
+
+    def failing(kernel, sample, device):
+        answer = torch.zeros(8)
+        alive.append(weakref.ref(answer))
+        raise AssertionError("wrong")
+
+    kernel = KernelEntry(name="reference", fn=reference, capabilities=PROMISING)
+    with pytest.raises(AssertionError, match="wrong"):
+        run_law(failing, samples(PROMISING, "cpu"), kernel, device="cpu", settings=QUICK)
+    assert alive and all(ref() is None for ref in alive), f"{sum(ref() is not None for ref in alive)} still alive"

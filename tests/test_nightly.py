@@ -42,3 +42,5 @@ def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "raised RuntimeError: no kernel for head dim 256 yet" in summary and "2 DSV4 sparse-decode configs" in summary
     assert (out / "index.html").exists()
+    for name in ("results.json", "summary.md", "index.html"):  # served to whoever reads the CI's artefacts
+        assert (out / name).stat().st_mode & 0o044 == 0o044, f"{name} is not readable by group and others"

@@ -1,15 +1,19 @@
 """The sanitizer tier's plumbing, on the CPU with a stand-in for compute-sanitizer: one child
-runs every paged and sparse case behind a marker line, and each report the tool prints is a
+runs every named case behind a marker line, and each report the tool prints is a
 finding in the case before it, with the kernel's source line and the rerun command. (On an
 H200 the real tool's memcheck found vLLM's read past its block table: BENCHMARKS.md.)"""
 
 import os
+import re
 import stat
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from fmha.ci import sanitize
+from fmha.kernels import gluon_dense
+from fmha.regressions import ledger
 from fmha.registry import KERNELS
 
 pytestmark = pytest.mark.cpu_tier
@@ -97,3 +101,57 @@ def test_memcheck_finds_a_read_one_entry_past_the_block_table_at_its_source_line
         pytest.skip(refused)
     assert findings and findings[0].what.startswith("Invalid __global__ read"), findings
     assert findings[0].where.endswith("reads_past.py:7"), findings[0]
+
+
+def test_a_race_is_matched_to_a_record_by_both_of_its_source_lines():
+    report = textwrap.dedent("""\
+        fmha-sanitize-case: t/c
+        ========= Error: Race reported between Read access at _sparse_fwd+0x1000 in /x/gluon_sparse.py:321
+        =========     and Write access at _sparse_fwd+0xb720 in /x/gluon_dense.py:142 [4 hazards]
+        ========= Error: Race reported between Read access at _sparse_fwd+0x1000 in /x/gluon_sparse.py:322
+        =========     and Write access at _sparse_fwd+0xb720 in /x/gluon_dense.py:142 [4 hazards]
+        """)
+    findings = sanitize.parse_report(report, "gluon-sparse", "racecheck")
+    assert [f.lines for f in findings] == ["gluon_sparse.py:321 <-> gluon_dense.py:142",
+                                           "gluon_sparse.py:322 <-> gluon_dense.py:142"]
+    assert ledger.known_failure(ledger.LEDGER, "gluon-sparse", "sanitize:racecheck", "cuda", findings[0].lines)
+    assert not ledger.known_failure(ledger.LEDGER, "gluon-sparse", "sanitize:racecheck", "cuda", findings[1].lines)
+
+
+def test_every_racecheck_record_names_lines_that_still_hold_its_code():
+    """A record explains a report on two source lines: when a kernel edit moves the code, the
+    record no longer matches, and this says which one to look at again."""
+    kernels = Path(gluon_dense.__file__).parent
+    for record in (r for r in ledger.LEDGER if r.test == "sanitize:racecheck"):
+        for place in re.findall(r"\w+\.py:\d+", record.case):
+            assert place in ledger.RACECHECK_LINES, f"{record.case}: {place} has no entry in ledger.RACECHECK_LINES"
+    for place, code in ledger.RACECHECK_LINES.items():
+        file, line = place.split(":")
+        held = (kernels / file).read_text().splitlines()[int(line) - 1]
+        assert code in held, (f"{place} now reads {held.strip()!r}, not {code!r}: the racecheck records of "
+                              "fmha.regressions.ledger name it; rerun python -m fmha.ci.sanitize --tool racecheck "
+                              "on an H200 and move them")
+
+
+def test_explained_findings_are_counted_and_an_unexplained_one_fails_the_run(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(textwrap.dedent("""\
+        #!/bin/bash
+        # a stand-in: the same explained race in every case, an unexplained one in the first
+        shift 4
+        "$@" | awk '{print} /^fmha-sanitize-case: / {n++;
+            print "========= Error: Race reported between Read access at k+0x10 in /x/a.py:1";
+            print "=========     and Write access at k+0x20 in /x/b.py:2 [4 hazards]";
+            if (n == 1) {print "========= Error: Race reported between Read access at k+0x30 in /x/a.py:3";
+                         print "=========     and Write access at k+0x40 in /x/b.py:4 [1 hazards]"}}'
+    """))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(sanitize, "sanitizer", lambda device: (str(fake), ""))
+    monkeypatch.setattr(ledger, "LEDGER", ledger.LEDGER + (ledger.KnownFailure(
+        "reference", "sanitize:racecheck", "an ordering the tool does not model", "test", devices=("cpu",),
+        case="a.py:1 <-> b.py:2"),))
+    assert sanitize.main(["--fmha-device", "cpu", "--fmha-kernel", "reference", "--tool", "racecheck"]) == 1
+    out = capsys.readouterr().out
+    cases = len(sanitize.cases(KERNELS["reference"], "cpu"))
+    assert f"known ({cases}x): reference, racecheck, a.py:1 <-> b.py:2: an ordering the tool does not model" in out
+    assert out.count("FINDING: reference, racecheck") == 1 and "in k at b.py:4" in out

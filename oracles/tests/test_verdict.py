@@ -239,6 +239,25 @@ def test_weights_flushed_below_fp32s_smallest_normal_are_allowed_what_they_cost(
     assert not off.passed and "magnitude" in off.message(), off.message()
 
 
+def test_an_fp32_output_whose_terms_cancel_is_allowed_what_summing_them_costs():
+    """V a ramp centred on 0, averaged almost evenly (iota_v, a small scale): each fp32 output is
+    a small sum of large terms. Summed in fp32 they cost about 2^-24 of the terms, which SDPA's
+    math kernel measured at 110x the rounding of the result alone (CPU and H200); the oracle
+    over |v| allows it, and an error 2^-18 of the terms still fails."""
+    problem = Problem(batch=2, q_len=4, kv_len=390, heads_q=8, heads_kv=1, head_dim=144, dtype=torch.float32)
+    x = Sample(problem=problem, scale=0.04167, distribution="iota_v").inputs()
+    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)], scale=0.04167)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        x.q.transpose(1, 2), x.k.transpose(1, 2), x.v.transpose(1, 2), scale=0.04167, enable_gqa=True).transpose(1, 2)
+    assert not judge(measure(o, oracle.o, logit_rms=oracle.logit_rms)).passed  # the result's rounding alone
+    verdict = judge(measure(o, oracle.o, logit_rms=oracle.logit_rms, oracle_abs=oracle.o_abs))
+    assert verdict.passed, verdict.message()
+    noise = torch.randn(o.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * oracle.o_abs
+    off = judge(measure((oracle.o + 2.0**-18 * noise).float(), oracle.o, logit_rms=oracle.logit_rms,
+                        oracle_abs=oracle.o_abs))
+    assert not off.passed and "error" in off.message(), off.message()
+
+
 def test_lse_allows_what_fp32_logits_cost_and_no_more():
     """Logits near 0.5 summed from terms near 1e4 (large_logits, fp16): fp32 rounding of the
     sum puts the lse ~2e-4 off in any kernel (CPU, fmha and SDPA flash alike);

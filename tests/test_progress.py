@@ -1,0 +1,35 @@
+"""Progress where it is read: piped output (a CI log) of `pytest -n N` and of
+`python -m fmha.ci.verify` gets a line every few seconds, saying how far the run is, what
+failed and what is running, where pytest's dots would wait for a full row and tqdm draws nothing."""
+
+import textwrap
+
+from fmha.ci import progress, verify
+
+pytest_plugins = ["pytester"]
+
+SLOW = textwrap.dedent("""
+    import time
+
+    def test_slow():
+        time.sleep(2)
+
+    def test_fails():
+        assert False
+""")
+
+
+def test_a_distributed_session_piped_says_what_is_running(pytester):
+    pytester.makepyfile(test_slow=SLOW)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--fmha-progress", "0.5")
+    lines = [line for line in result.outlines if line.startswith("fmha: ") and " done in " in line]
+    assert lines, result.stdout.str()[-2000:]
+    assert any("/2 done in" in line and "1 failed" in line and "running test_slow.py::test_slow (" in line
+               for line in lines), lines
+
+
+def test_verify_piped_writes_a_line_every_few_seconds(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "EVERY_S", 0.05)
+    verify.main(["--fmha-kernel", "sdpa-math", "--fmha-device", "cpu", "--law-examples", "0"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fmha verify: ")]
+    assert len(lines) >= 2 and " done in " in lines[-1] and "; now sdpa-math hd" in lines[-1], lines
