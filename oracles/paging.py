@@ -180,11 +180,13 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill
     # tile's scale would pass.
     magnitudes = 2.0 ** (torch.arange(spec.tiles, dtype=torch.float64, device=cache.device) % 5 - 2 + exponent)
     clean[..., :spec.quantized_dims] *= magnitudes.repeat_interleave(spec.tile)
-    if outliers:  # each tile's largest element 2^10 larger: the tile's scale follows it, and its
-        # other elements take the small codes, subnormal ones included (by value, not by slot)
+    if outliers:  # each tile's largest element scaled up until the tile's scale, which follows it,
+        # leaves the others the element's smallest codes: most of e4m3's at 2^14 below the top are
+        # subnormal (exponent bits 0), e2m1's at 2^2 span 0.5 to 6. A kernel that flushes or
+        # misdecodes the small codes is then off by a share of every key, not of a few.
         tiles = clean[..., :spec.quantized_dims].unflatten(-1, (spec.tiles, spec.tile))
         column = tiles.abs().argmax(dim=-1, keepdim=True)
-        tiles.scatter_(-1, column, tiles.gather(-1, column) * 2.0**10)
+        tiles.scatter_(-1, column, tiles.gather(-1, column) * 2.0 ** (2 if spec.element.bits == 4 else 14))
     pages = quantization.quantize(clean, spec)
     unread = torch.ones(num_blocks * block_size, dtype=torch.bool, device=cache.device)
     unread[read.to(cache.device)] = False
