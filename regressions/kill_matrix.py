@@ -12,6 +12,7 @@ import inspect
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import pytest
@@ -138,22 +139,18 @@ def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = No
     cache = {} if cache is None else cache
     keys = {name: row_key(name, law_examples) for name in MUTANTS}
     stale = [name for name, key in keys.items() if cache.get(name, {}).get("key") != key]
-    if jobs <= 1:
-        fresh = [mutant_row(n, device, law_examples) for n in stale]
-    else:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            fresh = list(pool.map(mutant_row, stale, [device] * len(stale), [law_examples] * len(stale)))
-    for row in fresh:
-        cache[row.mutant] = {"key": keys[row.mutant], "row": dataclasses.asdict(row)}
+    progress(f"{len(stale)} row(s) to compute, {len(MUTANTS) - len(stale)} reused")
+    start = time.perf_counter()
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else nullcontext() as pool:
+        computing = (pool.map if pool else map)(mutant_row, stale, [device] * len(stale), [law_examples] * len(stale))
+        for done, row in enumerate(computing, 1):  # each row as it comes: a fresh matrix takes minutes
+            cache[row.mutant] = {"key": keys[row.mutant], "row": dataclasses.asdict(row)}
+            progress(f"[{done}/{len(stale)}, {time.perf_counter() - start:.0f} s] {row.mutant}: own cases "
+                     f"{'caught' if all(f != '(passed)' for f in row.own) else 'MISSED'}, "
+                     f"{len(row.laws_caught)}/{row.laws_run} laws ({row.seconds:.0f} s)")
     for name in set(cache) - set(MUTANTS):
         del cache[name]
-    rows = [Row(**cache[name]["row"]) for name in MUTANTS]
-    progress(f"{len(fresh)} row(s) computed, {len(rows) - len(fresh)} reused")
-    for r in fresh:
-        progress(f"{r.mutant}: own cases {'caught' if all(f != '(passed)' for f in r.own) else 'MISSED'}, "
-                 f"{len(r.laws_caught)}/{r.laws_run} laws ({r.seconds:.0f} s)")
-    return rows
+    return [Row(**cache[name]["row"]) for name in MUTANTS]
 
 
 def correct_kernel_failures(kernels: list[KernelEntry], device: str) -> dict[str, list[str]]:

@@ -2,11 +2,13 @@
 mutant that hangs or crashes its process costs one bounded failure, not the run."""
 
 import os
+import re
 import time
 
 import pytest
 import torch
 
+from fmha.regressions import kill_matrix
 from fmha.regressions.isolation import CASE_TIMEOUT_S
 from fmha.regressions.kill_matrix import case_failures
 from fmha.regressions.mutation import MutationError, patch_source
@@ -59,3 +61,14 @@ def test_the_kill_matrix_page_covers_every_mutant_and_trap():
         page = f.read()
     missing = [name for name in [*MUTANTS, *TRAPS] if f"| {name} |" not in page and name not in page]
     assert not missing, f"docs/kill-matrix.md does not mention {missing}: regenerate it with `python -m fmha.regressions matrix`"
+
+
+@pytest.mark.cpu_tier  # a row computed on the CPU, whatever the session's device
+def test_each_row_is_reported_as_it_is_computed(monkeypatch):
+    lines = []
+    monkeypatch.setattr(kill_matrix, "MUTANTS", {"minus-one-is-slot-0": MUTANTS["minus-one-is-slot-0"]})
+    cache = {"gone-mutant": {"key": "x", "row": {}}}
+    rows = kill_matrix.build("cpu", 1, cache=cache, progress=lines.append)
+    assert lines[0] == "1 row(s) to compute, 0 reused"
+    assert re.fullmatch(r"\[1/1, \d+ s\] minus-one-is-slot-0: own cases caught, \d+/15 laws \(\d+ s\)", lines[1]), lines
+    assert [r.mutant for r in rows] == ["minus-one-is-slot-0"] and set(cache) == {"minus-one-is-slot-0"}
