@@ -104,9 +104,10 @@ def measure(
     `logit_rms` (RMS of the visible logits) sets the error a perfect kernel makes by holding
     logits in float32: about 2**-24 * |s| relative, which dominates for fp32 outputs when
     |s| is large. `oracle_abs` is the oracle over |v| (the scale of the terms each output
-    element sums, and of the error summing them in fp32 makes); without it |O| is used. `perfect_o` is what a kernel without error of its
-    own returns through the caller's procedure (say, parts rounded to the output dtype, then
-    merged): its distance from the oracle is inherent to the procedure and joins the floor.
+    element sums, and of the error summing them in fp32 makes); without it |O| is used.
+    `perfect_o` is what a kernel without error of its own returns through the caller's
+    procedure (say, parts rounded to the output dtype, then merged): its distance from the
+    oracle is inherent to the procedure and joins the floor.
     `logit_magnitude` (B, H, T) bounds each row's logits before cancellation (the oracle's):
     a logit summed in fp32 is off by up to about 2^-24 of it, and so is the lse. `underflow`
     (the oracle's, like o): what an fp32 kernel loses where softmax weights fall below fp32's

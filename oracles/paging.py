@@ -182,8 +182,8 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill
     clean[..., :spec.quantized_dims] *= magnitudes.repeat_interleave(spec.tile)
     if outliers:  # each tile's largest element scaled up until the tile's scale, which follows it,
         # leaves the others the element's smallest codes: most of e4m3's at 2^14 below the top are
-        # subnormal (exponent bits 0), e2m1's at 2^2 span 0.5 to 6. A kernel that flushes or
-        # misdecodes the small codes is then off by a share of every key, not of a few.
+        # subnormal (exponent bits 0), e2m1's at 2^2 span 0.5 to 6: most of every key's elements
+        # sit in the codes a kernel is likeliest to flush or misdecode.
         tiles = clean[..., :spec.quantized_dims].unflatten(-1, (spec.tiles, spec.tile))
         column = tiles.abs().argmax(dim=-1, keepdim=True)
         tiles.scatter_(-1, column, tiles.gather(-1, column) * 2.0 ** (2 if spec.element.bits == 4 else 14))
