@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from fmha.ci.compile_stats import CompileStats
-from fmha.properties.session import DEVICE
+from fmha.properties.run_settings import DEVICE
 
 POISONED_SECTION = "fmha: CUDA context"
 WORKER_EXIT_CODE = 3

@@ -26,7 +26,7 @@ import torch
 
 from fmha.ci import progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
-from fmha.properties.session import DEVICE, register_profiles, reproduce_command
+from fmha.properties.run_settings import DEVICE, register_profiles, reproduce_command
 
 register_profiles()
 

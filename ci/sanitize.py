@@ -60,29 +60,15 @@ class Finding:
         return f"{first['file']}:{first['line']} <-> {other}" if first else other
 
 
-def cases(kernel, device: str) -> list:
-    """Every named case `kernel` supports, laid out for it ((trap id, case) pairs)."""
-    from fmha.regressions.trap import laid_out_for
-    from fmha.regressions.traps import MUTANTS, TRAPS
-
-    found = []
-    for trap in TRAPS.values():
-        mutants = [m.kernel() for m in MUTANTS.values() if m.trap == trap.id and not m.isolate]
-        for case in trap.cases:
-            laid, _ = laid_out_for(kernel, case, device, mutants)
-            if laid is not None:
-                found.append((trap.id, laid))
-    return found
-
-
 def run_cases(kernel_spec: str, device: str) -> None:
     """The child: each case once, a marker line before it (the sanitizer's reports follow it)."""
     import torch
 
     from fmha.regressions.mutants import resolve
+    from fmha.regressions.traps import laid_out_cases
 
     kernel = resolve(kernel_spec)
-    for trap_id, case in cases(kernel, device):
+    for trap_id, case in laid_out_cases(kernel, device):
         print(f"{MARK}{trap_id}/{case.id}", flush=True)
         x = case.inputs(device)
         try:

@@ -38,8 +38,8 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # it out of memory). Tiles: what the Triton interpreter pays, about 6 ms per 32
 # rows x 64 keys x 256 head-dim columns whatever else is drawn (CPU), counted for
 # the MHA layout because the GQA law runs that too; at 64 of them a call, the laws of fmha's
-# interpreted kernels took 200 of the CPU tier's 2-core seconds, at 32 they take 90 (the GPU
-# tier draws the larger calls). Keys: B * Hq * S * (D + Dv), the float64
+# interpreted kernels took 200 of the CPU tier's 2-core seconds, at 32 they took 90; 48 keeps
+# multi-tile draws common (the GPU tier draws the larger calls). Keys: B * Hq * S * (D + Dv), the float64
 # K and V the oracle repeats for every query head (at 2^27, 1 GB each; decode draws of
 # 160 x 15 heads x 4096 keys x 800 dims wanted 31 GB and ran an H200 out). Rows:
 # B * Hq * T * (D + Dv), the float64 Q and O (the work budget bounds it on the CPU; on a GPU
@@ -128,8 +128,6 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
             q_len = _round_down(q_len // 2, q_step)
         elif batch > 1:
             batch //= 2
-        elif fewer_queries:
-            q_len = _round_down(q_len // 2, q_step)
         else:
             break
     while kv_len > kv_step and over(batch, q_len, kv_len):

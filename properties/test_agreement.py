@@ -3,7 +3,7 @@ touch every part of the contract, in every dtype and a few input distributions."
 
 import pytest
 
-from fmha.properties.session import problem_params
+from fmha.properties.run_settings import problem_params
 from fmha.oracles.check import check_sample
 from fmha.properties.feature_cases import AGREEMENT_DISTRIBUTIONS, FEATURE_CASES, with_dtypes
 

@@ -10,7 +10,7 @@ import pytest
 
 from fmha.properties.catalog import LAWS
 from fmha.properties.law import Law
-from fmha.properties.session import law_settings, reproduce_command
+from fmha.properties.run_settings import law_settings, reproduce_command
 
 pytestmark = pytest.mark.property
 

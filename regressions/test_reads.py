@@ -6,8 +6,7 @@ runs in a child process (regressions/guarded_reads.py). The CPU tier's check; on
 import pytest
 
 from fmha.regressions.guarded_reads import over_reads
-from fmha.regressions.trap import laid_out_for
-from fmha.regressions.traps import MUTANTS, TRAPS
+from fmha.regressions.traps import laid_out_cases
 
 pytestmark = pytest.mark.regression
 
@@ -17,11 +16,11 @@ def test_nothing_past_the_calls_tensors_is_read(kernel, device):
         pytest.skip("guard pages guard host memory: on GPUs, python -m fmha.ci.sanitize checks the same cases")
     if not kernel.capabilities_on(device).sources & {"paged", "sparse"}:
         pytest.skip(f"{kernel.name}: no paged or sparse source (Capabilities.sources): nothing to read past")
-    samples = []  # a case of each paged or sparse trap that the kernel runs
-    for trap in TRAPS.values():
-        mutants = [m.kernel() for m in MUTANTS.values() if m.trap == trap.id and not m.isolate]
-        laid = [laid_out_for(kernel, case, device, mutants)[0] for case in trap.cases if case.problem.source != "dense"]
-        samples += [case for case in laid if case is not None][:1]
+    first = {}  # a case of each paged or sparse trap that the kernel runs
+    for trap_id, case in laid_out_cases(kernel, device):
+        if case.problem.source != "dense":
+            first.setdefault(trap_id, case)
+    samples = list(first.values())
     if not samples:
         pytest.skip(f"{kernel.name}: none of the paged or sparse named cases can be laid out for it")
     found = over_reads(kernel.name, samples)

@@ -7,7 +7,7 @@ import pytest
 
 from fmha.contract import DTYPE_NAMES
 from fmha.regressions.trap import check_case, laid_out_for
-from fmha.regressions.traps import MUTANTS, TRAPS
+from fmha.regressions.traps import TRAPS, in_process_mutants
 
 pytestmark = pytest.mark.regression
 
@@ -17,17 +17,12 @@ def _dtypes(case):
     return (case.problem.dtype,) if case.problem.cache_layouts else DTYPE_NAMES
 
 
-def _mutants(trap):
-    """The trap's mutants that run in this process: what re-laid cases are checked against."""
-    return [m.kernel() for m in MUTANTS.values() if m.trap == trap.id and not m.isolate]
-
-
 @pytest.mark.parametrize("trap, case", [
     pytest.param(trap, case.replace(dtype=dtype), id=f"{trap.id}/{case.replace(dtype=dtype).id}")
     for trap in TRAPS.values() for case in trap.cases for dtype in _dtypes(case)
 ])
 def test_named_regression_case(kernel, trap, case, device):
-    laid, why = laid_out_for(kernel, case, device, _mutants(trap) if case.problem.source != "dense" else ())
+    laid, why = laid_out_for(kernel, case, device, in_process_mutants(trap.id) if case.problem.source != "dense" else ())
     if laid is None:
         pytest.skip(f"{kernel.name}, {trap.id}: {why}")
     failures = check_case(kernel, laid, device, trap.symptoms)

@@ -15,6 +15,7 @@ from fmha.ci import sanitize
 from fmha.kernels import gluon_dense
 from fmha.regressions import ledger
 from fmha.registry import KERNELS
+from fmha.regressions.traps import laid_out_cases
 
 pytestmark = pytest.mark.cpu_tier
 
@@ -56,7 +57,7 @@ def test_every_case_runs_in_one_sanitized_child_and_its_finding_names_the_case(t
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     findings, refused = sanitize.sanitize(KERNELS["reference"], "memcheck", "cpu", str(fake), ())
     assert not refused and len(findings) == 1, (refused, findings)
-    second = sanitize.cases(KERNELS["reference"], "cpu")[1]
+    second = laid_out_cases(KERNELS["reference"], "cpu")[1]
     assert findings[0].case == f"{second[0]}/{second[1].id}"
     assert findings[0].where == "_sources_fwd at triton_paged.py:77"
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING=1" in findings[0].rerun and "--tool memcheck" in findings[0].rerun
@@ -152,6 +153,6 @@ def test_explained_findings_are_counted_and_an_unexplained_one_fails_the_run(tmp
         case="a.py:1 <-> b.py:2"),))
     assert sanitize.main(["--fmha-device", "cpu", "--fmha-kernel", "reference", "--tool", "racecheck"]) == 1
     out = capsys.readouterr().out
-    cases = len(sanitize.cases(KERNELS["reference"], "cpu"))
+    cases = len(laid_out_cases(KERNELS["reference"], "cpu"))
     assert f"known ({cases}x): reference, racecheck, a.py:1 <-> b.py:2: an ordering the tool does not model" in out
     assert out.count("FINDING: reference, racecheck") == 1 and "in k at b.py:4" in out

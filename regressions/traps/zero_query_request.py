@@ -11,7 +11,7 @@ DECODES = PAGED.replace(batch=4, q_len=1, ragged=True)
 
 TRAP = Trap(
     id="zero-query-request", seeds=(),
-    source="vLLM's Triton unified_attention through the paged call (CPU and an H200; DESIGN.md)",
+    source="vLLM's Triton unified_attention through the paged call (reproduced on CPU and an H200)",
     symptom="the decodes after a request with no query rows come out wrong, or unwritten",
     root_cause="requests with no query rows dropped from the launch: program i reads the i-th request's keys",
     cases=(reproducer(DECODES, kv_lens=(9, 6, 5, 8), q_lens=(0, 1, 1, 1), seed=2, why="the first request has no rows"),
