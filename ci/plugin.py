@@ -37,8 +37,9 @@ MARKERS = {
     "cpu_tier": ("runs on the CPU whatever the session's device (eager mutants, plug-in sessions and CLIs on "
                  "--fmha-device cpu): the CPU tier's evidence; a CUDA session runs it only with --fmha-nightly"),
     "property": "hypothesis property test",
-    "starts_first": ("long and bounded by a timeout or a subprocess, not by its work (a hang or a crash isolated, a "
-                     "nested session): starts at once, each on its own xdist worker, never the tail of the run"),
+    "starts_first": ("long and bounded by a timeout or a subprocess, not by a kernel's work (a hang or a crash "
+                     "isolated, a nested session, a compile for sm_90): starts at once, each on its own xdist "
+                     "worker, never the tail of the run"),
     "regression": "named regression case from the trap library",
     "fmha_needs(*features)": "per-call contract features the test needs from the kernel (lse, out)",
     "fmha_suite": "a test outside fmha's packages whose `kernel`/`merge_kernel` arguments are the selected ones",
@@ -152,8 +153,11 @@ def starts_first_order(items: list, config) -> list:
     (worksteal: an equal share of them): all of them at the front of the collection put every
     one on the first worker, one after the other, and that worker was a cold H200 run's tail
     (192 s of the run's 231 s)."""
-    first = [item for item in items if item.get_closest_marker("starts_first")]
-    rest = [item for item in items if not item.get_closest_marker("starts_first")]
+    def heads(item):  # a skipped one takes no time: it would waste its worker's head
+        return item.get_closest_marker("starts_first") and not item.get_closest_marker("skip")
+
+    first = [item for item in items if heads(item)]
+    rest = [item for item in items if not heads(item)]
     workerinput = getattr(config, "workerinput", {})
     workers = int(workerinput.get("workercount", 1))
     if workers == 1 or not first:
@@ -184,7 +188,6 @@ def pytest_collection_modifyitems(config, items):
     from fmha.regressions.ledger import known_failure
 
     device = config.stash[DEVICE]
-    items[:] = starts_first_order(items, config)
     for item in items:
         if item.get_closest_marker("gpu") and device != "cuda":
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (running on cpu)"))
@@ -217,6 +220,7 @@ def pytest_collection_modifyitems(config, items):
         reasons = kernel.not_supported_reasons(problem, device, needs)
         if reasons:
             item.add_marker(pytest.mark.skip(reason=f"{kernel.name}: {'; '.join(reasons)}"))
+    items[:] = starts_first_order(items, config)
 
 
 @pytest.hookimpl(wrapper=True)

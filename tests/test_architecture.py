@@ -3,6 +3,7 @@ module imports from a layer above its own (lazy imports inside functions include
 module-level imports have no cycle."""
 
 import ast
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -28,8 +29,10 @@ def layer_of(module: str) -> int:
     return max(matches)[1]
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
-    """Every module of the installed package, by name (the suite's folders install inside fmha)."""
+    """Every module of the installed package, by name (the suite's folders install inside fmha).
+    Read when a test asks, not at import: every xdist worker collects this module."""
     found = {}
     for package in PACKAGES:
         root = Path(importlib.util.find_spec(package).origin).parent
@@ -40,9 +43,6 @@ def _modules() -> dict[str, Path]:
             name = ".".join((package, *parts)).removesuffix(".__init__")
             found.setdefault(name, path)
     return found
-
-
-MODULES = _modules()
 
 
 def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
@@ -60,29 +60,31 @@ def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and (child.module or "").split(".")[0] == "fmha":
                 for alias in child.names:
                     submodule = f"{child.module}.{alias.name}"
-                    found.append((submodule if submodule in MODULES else child.module, top))
+                    found.append((submodule if submodule in _modules() else child.module, top))
             visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
 
     visit(tree, True)
     return found
 
 
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+@functools.cache
+def _graph() -> dict[str, list[tuple[str, bool]]]:
+    return {name: _imports(name, path) for name, path in _modules().items()}
 
 
 def test_every_module_is_in_a_layer():
-    for name in MODULES:
+    for name in _modules():
         layer_of(name)
 
 
 def test_no_module_imports_from_a_layer_above_its_own():
     upward = [f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
-              for name, imports in GRAPH.items() for target, _ in imports if layer_of(target) > layer_of(name)]
+              for name, imports in _graph().items() for target, _ in imports if layer_of(target) > layer_of(name)]
     assert not upward, "imports against the layers:\n" + "\n".join(upward)
 
 
 def test_module_level_imports_have_no_cycle():
-    edges = {name: {target for target, top in imports if top and target != name} for name, imports in GRAPH.items()}
+    edges = {name: {target for target, top in imports if top and target != name} for name, imports in _graph().items()}
     state, stack = {}, []
 
     def visit(node):

@@ -24,6 +24,7 @@ def _over_the_limit(setup: str) -> tuple[list[str], str]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.starts_first  # a child process compiling for sm_90: 6-22 s on an H200
 def test_the_dsv4_tiles_and_the_v2_kernel_compile_for_hopper_and_fit_shared_memory():
     run = _run("import sys; from fmha.kernels.compile_check import main; sys.exit(main(['512', '--dtype', 'bf16', '--sources']))")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -34,6 +35,7 @@ def test_the_dsv4_tiles_and_the_v2_kernel_compile_for_hopper_and_fit_shared_memo
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.starts_first  # a child process compiling for sm_90: 6-22 s on an H200
 def test_a_tile_too_large_for_shared_memory_is_reported():
     # Without the host's shrinking, four stages of the K-is-V hd512 tile need ~290 KB.
     over, stdout = _over_the_limit("from fmha.kernels import triton_dense as ta\n"
@@ -42,6 +44,7 @@ def test_a_tile_too_large_for_shared_memory_is_reported():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.starts_first  # a child process compiling for sm_90: 6-22 s on an H200
 def test_a_gluon_ring_too_large_for_shared_memory_is_reported():
     # A third 64-key stage of K is V adds 64 KiB to the 225 KiB the Gluon kernel uses.
     over, stdout = _over_the_limit("from fmha.kernels import gluon_dense as ga\nga.STAGES_K_IS_V = (3, 3)")
@@ -49,6 +52,7 @@ def test_a_gluon_ring_too_large_for_shared_memory_is_reported():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.starts_first  # a child process compiling for sm_90: 6-22 s on an H200
 def test_fp32_tiles_keep_their_dots_in_registers():
     # The driver reserves each thread's stack for every thread a GPU can hold, per process and
     # for good: hd256 fp32 spilled 19 KB a thread before FP32_TILES, 5 GB of local memory each

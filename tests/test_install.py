@@ -106,6 +106,7 @@ def installed(tmp_path_factory):
     return env, bin_dir, user
 
 
+@pytest.mark.starts_first  # builds the wheel and its virtual environment on its worker
 def test_the_wheel_installs_nothing_but_the_fmha_package(installed):
     env, bin_dir, user = installed
     show = _run([str(bin_dir / "python"), "-m", "pip", "show", "-f", "fmha"], user, env)
@@ -117,6 +118,7 @@ def test_the_wheel_installs_nothing_but_the_fmha_package(installed):
             "fmha/ci/plugin.py"} <= set(files)
 
 
+@pytest.mark.starts_first  # a nested collection of the installed package
 def test_the_readme_command_collects_properties_and_regressions_for_the_users_kernel(installed):
     env, _, user = installed
     collected = _run(COMMAND + ["--collect-only", "-q", "-p", "no:cacheprovider"], user, env)

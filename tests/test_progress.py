@@ -4,6 +4,8 @@ failed and what is running, where pytest's dots would wait for a full row and tq
 
 import textwrap
 
+import pytest
+
 from fmha.ci import progress, verify
 
 pytest_plugins = ["pytester"]
@@ -19,6 +21,7 @@ SLOW = textwrap.dedent("""
 """)
 
 
+@pytest.mark.starts_first  # a nested two-worker session: 15 s on an H200
 def test_a_distributed_session_piped_says_what_is_running(pytester):
     pytester.makepyfile(test_slow=SLOW)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--fmha-progress", "0.5")

@@ -17,7 +17,6 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from fmha.contract import Capabilities, KernelEntry
 from fmha.contract import NotSupportedError, check_attention_args
@@ -57,6 +56,9 @@ def _public_sdpa(backend: SDPBackend, entry_name: str):
             capabilities=KERNELS_BY_NAME[entry_name].capabilities_on(q.device.type),
         )
         if backend == SDPBackend.FLASH_ATTENTION and causal and window is None:
+            # Imported here: torch.nn.attention.bias imports torch._dynamo (1-5 s in every process).
+            from torch.nn.attention.bias import causal_lower_right
+
             mask = causal_lower_right(q.shape[1], k.shape[1])  # flash takes no tensor mask
         else:
             mask = _mask(q.shape[1], k.shape[1], causal, window, q.device)
