@@ -8,8 +8,10 @@ layouts (MHA, MQA with K = V), and the 96 sparse-decode configs (properties/grid
 distributions (normal, peaky, flat) x seeds against the float64 oracle (over the dequantized
 keys for quantized caches) and records global and worst-row cosine, error ratio and LSE error. The gate
 is the global cosine of every run. Writes DIR/results.json (atomically), DIR/summary.md and
-DIR/index.html with a heatmap per kernel (DIR/heatmap-<kernel>.png), compares with the
-previous DIR/results.json and lists what got worse; exits 1 when any run is below the gate.
+DIR/index.html (the threshold, failing configs first, per kernel a trend over the nights of
+DIR/history.jsonl and heatmaps of both grids), DIR/junit.xml (one test case per kernel and
+config), compares with the previous DIR/results.json and lists what got worse; exits 1 when
+any run is below the gate.
 On a machine without CUDA it runs a reduced slice through the Triton interpreter (every
 head dim, decode shapes; two sparse configs) so the command works anywhere.
 """
@@ -32,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from fmha.ci.cli import kernel_parser, parse, selected_kernels
-from fmha.ci.report_html import write_page
+from fmha.ci import report_html
 from fmha.oracles.check import judge_run, run_kernel
 from fmha.oracles.sample import Sample
 from fmha.contract import DTYPE_NAMES
@@ -192,7 +194,7 @@ def main(argv=None) -> int:
     args = parse(parser, argv)
     if args.report_only:
         saved = json.loads((args.out / "results.json").read_text())
-        return _report(saved["records"], None, saved["header"], args.out)
+        return _report(saved["records"], None, saved["header"], args.out, None)
     kernels = selected_kernels(parser, args)
     reduced = args.fmha_device == "cpu" and not args.full_grid
     configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
@@ -207,20 +209,34 @@ def main(argv=None) -> int:
     results_path = args.out / "results.json"
     previous = json.loads(results_path.read_text())["records"] if results_path.exists() else None
     device_name = torch.cuda.get_device_name() if args.fmha_device == "cuda" else "CPU (Triton interpreter)"
-    header = (f"# Nightly gate, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
+    now = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+    header = (f"# Nightly gate, {now} UTC\n\n"
               f"{device_name}, torch {torch.__version__}; {len(configs)} configs"
               f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} (bf16, B=2, Hq=8, causal) and "
               f"{len(sparse)} DSV4 sparse-decode configs, x {', '.join(DISTRIBUTIONS)} x {seeds} seed(s).\n\n"
               f"Command: python -m fmha.ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
     write_atomically(results_path, json.dumps(dict(device=device_name, torch=torch.__version__, gate=GATE,
                                                    header=header, records=records), indent=1, default=_json_safe))
-    return _report(records, previous, header, args.out)
+    return _report(records, previous, header, args.out, now)
 
 
-def _report(records: list[dict], previous: list[dict] | None, header: str, out: Path) -> int:
+def _report(records: list[dict], previous: list[dict] | None, header: str, out: Path, time: str | None) -> int:
+    """summary.md, index.html, junit.xml; `time`: this night's, appended to history.jsonl
+    (None: re-rendering a night already there)."""
     summary, failed = summarize(records, previous, header)
     write_atomically(out / "summary.md", summary)
-    page = write_page(tally(records), GATE, header.splitlines(), out)
+    tallies = tally(records)
+    history_path = out / "history.jsonl"
+    history = report_html.read_history(history_path)
+    if time is not None:
+        if not history and previous is not None:  # a report folder from before history.jsonl
+            stamp = datetime.datetime.fromtimestamp((out / "results.json").stat().st_mtime, datetime.timezone.utc)
+            history = report_html.night(tally(previous), f"{stamp:%Y-%m-%d %H:%M}")
+        history += report_html.night(tallies, time)
+        write_atomically(history_path, "".join(json.dumps(h) + "\n" for h in history))
+    regressions = _regressions(records, previous) if previous is not None else []
+    page = report_html.write_page(tallies, GATE, header, regressions, history, out)
+    write_atomically(out / "junit.xml", report_html.junit(tallies, GATE))
     print(summary)
     print(f"report: {page}", file=sys.stderr)
     return 1 if failed else 0

@@ -26,7 +26,7 @@ import torch
 
 from fmha.ci import progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
-from fmha.properties.run_settings import DEVICE, register_profiles, reproduce_command
+from fmha.properties.run_settings import DEVICE, KERNEL_SPECS, register_profiles, reproduce_command
 
 register_profiles()
 
@@ -46,6 +46,8 @@ MARKERS = {
 }
 
 
+# What `--pyargs fmha` collects: the packages that hold fmha's tests.
+SUITE_PACKAGES = ("fmha.oracles", "fmha.properties", "fmha.regressions")
 KERNELS = pytest.StashKey[list]()
 MERGES = pytest.StashKey[list]()
 KNOWN_FAILURES = pytest.StashKey[tuple]()
@@ -63,6 +65,9 @@ def pytest_addoption(parser):
                     help="device to test on; default cuda when available, else cpu")
     group.addoption("--fmha-known-failures", default=None, metavar="FILE",
                     help="a TOML file of known failures of your kernels (the ledger's records), run as strict xfails")
+    group.addoption("--fmha-cases", action="append", default=[], metavar="DIR",
+                    help="a directory of your own named cases (python -m fmha.regressions new ID --dir DIR), "
+                         "run with fmha's (repeatable)")
     group.addoption("--fmha-nightly", action="store_true", help="also run tests marked nightly")
     group.addoption("--fmha-slow", action="store_true", help="on the CPU, also run tests marked slow")
     group.addoption("--fmha-progress", type=float, default=None, metavar="SECONDS",
@@ -76,6 +81,11 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {text}")
     # Triton 3.6's interpreter takes int() of 1-element arrays for runtime loop bounds.
     config.addinivalue_line("filterwarnings", "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+    if config.getoption("pyargs") and "fmha" in config.args and not _suite_inside_fmha():
+        # `--pyargs fmha` means the suite; after an editable install fmha/ is the checkout's
+        # kernels folder and the suite's packages are beside it (a regular install puts them inside).
+        at = config.args.index("fmha")
+        config.args[at:at + 1] = SUITE_PACKAGES
     device = config.getoption("--fmha-device") or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--fmha-device cuda: CUDA is not available on this machine")
@@ -92,11 +102,24 @@ def pytest_configure(config):
     try:
         if path:
             known += ledger.load_known_failures(path)
+        if config.getoption("--fmha-cases"):
+            from fmha.regressions import traps
+
+            for directory in config.getoption("--fmha-cases"):
+                traps.load_directory(str(config.invocation_params.dir / directory))
         if config.getoption("--fmha-kernel") or config.getoption("--fmha-merge"):
             _selection(config)  # a bad name is a usage error now, not a collection error later
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
     config.stash[KNOWN_FAILURES] = known
+
+
+def _suite_inside_fmha() -> bool:
+    import importlib.util
+
+    inside = os.path.dirname(importlib.util.find_spec("fmha").origin)
+    return all(os.path.dirname(importlib.util.find_spec(p).origin) == os.path.join(inside, p.split(".")[1])
+               for p in SUITE_PACKAGES)
 
 
 def pytest_sessionstart(session):
@@ -110,7 +133,9 @@ def _selection(config) -> tuple[list[KernelEntry], list]:
         from fmha import registry
 
         device = config.stash[DEVICE]
-        config.stash[KERNELS] = registry.selected_kernels(config.getoption("--fmha-kernel"), device)
+        specs = config.getoption("--fmha-kernel")
+        config.stash[KERNELS] = registry.selected_kernels(specs, device)
+        config.stash[KERNEL_SPECS] = {k.name: spec for k, spec in zip(config.stash[KERNELS], specs)}
         merges = [registry.resolve_merge(s) for s in config.getoption("--fmha-merge")]
         config.stash[MERGES] = merges or list(registry.MERGES.values())
     return config.stash[KERNELS], config.stash[MERGES]

@@ -1,101 +1,230 @@
-"""The nightly gate's HTML page: per kernel, a heatmap (matplotlib PNG) of the worst 1 - cosine
-over (head dim, T) rows x S columns, cells at or past the gate marked, and the runs below it."""
+"""The nightly gate's report beside results.json: an HTML page (ci/templates/nightly.html.j2)
+with the threshold, the verdict, failing configs first, each kernel's trend over the nights
+(history.jsonl) and heatmaps of the dense and the sparse grid; and junit.xml for CI systems."""
 
 from __future__ import annotations
 
-import html
+import json
 import math
+import re
+from collections import Counter, defaultdict
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
-from fmha.tables import Table
+import jinja2
+
+SPARSE = "dsv4-sparse"
+RAISED = 1.0  # a run that raised: the heatmap's worst cell, written "raised"
+_TOPK = re.compile(r"-topk(\d+\+\d+)")
 
 
-def worst_by_cell(runs: list[dict]) -> dict[tuple, float | None]:
-    """(head_dim, q_len, kv_len) -> worst 1 - cos of one kernel's runs over layouts,
-    distributions and seeds (None: the kernel ran nothing there)."""
+def _gap(r: dict) -> float:
+    """1 - cos of a run that returned (a non-finite cosine is the worst there is)."""
+    return 1 - r["cos"] if r["cos"] is not None and math.isfinite(r["cos"]) else 1.0
+
+
+def worst_by_cell(runs: list[dict], sparse: bool = False) -> dict[tuple, float | None]:
+    """(row label, column label) -> worst 1 - cos over layouts, distributions and seeds (None:
+    the kernel ran nothing there). Dense grid: rows (head dim, T), columns S; sparse grid: rows
+    the config without its top-k, columns the top-k of each scope."""
     cells: dict[tuple, float | None] = {}
     for r in runs:
-        if r.get("layout") == "dsv4-sparse":
-            continue  # not on the dense grid's axes; summary.md lists them
-        key = (r["head_dim"], r["q_len"], r["kv_len"])
-        if "cos" in r and r["cos"] is not None:
-            gap = 1 - r["cos"] if math.isfinite(r["cos"]) else 1.0
-            cells[key] = max(cells.get(key) or 0.0, gap)
+        if (r.get("layout") == SPARSE) != sparse:
+            continue
+        if sparse:
+            topk = _TOPK.search(r["case"])
+            key = (_TOPK.sub("", r["case"]).removeprefix("dsv4-"), f"top-k {topk.group(1) if topk else '?'}")
+        else:
+            key = (f"hd{r['head_dim']} T={r['q_len']}", f"S={r['kv_len']}")
+        if "cos" in r:
+            cells[key] = max(cells.get(key) or 0.0, _gap(r))
+        elif "error" in r:
+            cells[key] = RAISED
         else:
             cells.setdefault(key, None)
     return cells
 
 
-def heatmap(runs: list[dict], kernel: str, gate: float, path: Path) -> Path:
+def _pass_fail_colours(limit: float, low: float, high: float):
+    """Greens below the gate, reds above it: the colour changes family exactly at the gate."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    share = (math.log(limit) - math.log(low)) / (math.log(high) - math.log(low))
+    n = 256
+    passing = plt.get_cmap("Greens_r")(np.linspace(0.0, 0.65, int(n * share)))
+    failing = plt.get_cmap("Reds")(np.linspace(0.45, 1.0, n - int(n * share)))
+    return ListedColormap(np.vstack([passing, failing]))
+
+
+def heatmap(runs: list[dict], kernel: str, gate: float, path: Path, sparse: bool = False) -> Path | None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.colors import LogNorm
 
-    cells = worst_by_cell(runs)
-    rows = sorted({(hd, t) for hd, t, _ in cells})
-    cols = sorted({s for _, _, s in cells})
+    cells = worst_by_cell(runs, sparse)
+    if not cells:
+        return None
+    rows = sorted({r for r, _ in cells}, key=_natural)
+    cols = sorted({c for _, c in cells}, key=_natural)
     values = np.full((len(rows), len(cols)), np.nan)
-    for (hd, t, s), gap in cells.items():
+    for (r, c), gap in cells.items():
         if gap is not None:
-            values[rows.index((hd, t)), cols.index(s)] = max(gap, 1e-9)
+            values[rows.index(r), cols.index(c)] = max(gap, 1e-9)
     limit = 1 - gate
-    fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 2.5, 0.32 * len(rows) + 1.6))
-    # One fixed scale for every kernel and night, so pictures compare; the gate (2e-6) sits at
-    # its geometric middle: green passes, red fails.
-    low, high = limit**2 / 4e-5, 4e-5
-    image = ax.imshow(np.ma.masked_invalid(np.clip(values, low, high)), cmap="RdYlGn_r", aspect="auto",
-                      norm=LogNorm(vmin=low, vmax=high))
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            v = values[i, j]
-            if (rows[i] + (cols[j],)) not in cells:
-                continue  # not a grid config
-            text = "n/a" if np.isnan(v) else f"{v:.1e}" + (" ✗" if v > limit else "")
-            ax.text(j, i, text, ha="center", va="center", fontsize=6,
-                    fontweight="bold" if not np.isnan(v) and v > limit else "normal")
-    ax.set_xticks(range(len(cols)), [f"S={s}" for s in cols])
-    ax.set_yticks(range(len(rows)), [f"hd{hd} T={t}" for hd, t in rows], fontsize=7)
-    ax.set_title(f"{kernel}: worst 1 - cosine per config (✗: past the gate {limit:.0e}; n/a: unsupported)", fontsize=9)
-    fig.colorbar(image, ax=ax, label="1 - cosine")
+    # One fixed scale for every kernel and night, so pictures compare.
+    low, high = limit / 100, limit * 100
+    fig, ax = plt.subplots(figsize=(max(1.15 * len(cols) + 3.2, 6.5), 0.3 * len(rows) + 1.9))
+    image = ax.imshow(np.ma.masked_invalid(np.clip(values, low, high)), aspect="auto",
+                      cmap=_pass_fail_colours(limit, low, high), norm=LogNorm(vmin=low, vmax=high))
+    for i, j in np.ndindex(values.shape):
+        if (rows[i], cols[j]) not in cells:
+            continue  # not a grid config
+        v = values[i, j]
+        gap = cells[(rows[i], cols[j])]
+        text = "n/a" if np.isnan(v) else "raised ✗" if gap == RAISED else f"{v:.1e}" + (" ✗" if v > limit else "")
+        failing = not np.isnan(v) and v > limit
+        ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white" if failing else "black",
+                fontweight="bold" if failing else "normal")
+    ax.set_xticks(range(len(cols)), cols, fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    grid = "DSV4 sparse-decode grid" if sparse else "dense grid"
+    ax.set_title(f"{kernel}, {grid}: worst 1 - cosine per config\n"
+                 f"green: at the gate; red ✗: past it ({limit:.0e}); n/a: not supported", fontsize=8)
+    bar = fig.colorbar(image, ax=ax, label="1 - cosine")
+    bar.ax.axhline(limit, color="black", linewidth=1.5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def write_page(tallies: dict, gate: float, header_lines: list[str], out_dir: Path) -> Path:
-    """`tallies`: ci.nightly.tally(records), one KernelTally per kernel."""
-    parts = ["<!doctype html><meta charset='utf-8'><title>fmha nightly gate</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}td,th{padding:2px 8px}"
-             ".fail{color:#b00}</style>"]
-    parts += [f"<p>{html.escape(line)}</p>" for line in header_lines if line.strip()]
-    table = Table(["kernel", "configs at the gate", "runs below", "runs raised", "cos min"])
-    for kernel, t in tallies.items():
-        low = min((r["cos"] for r in t.ran), default=float("nan"))
-        table.add(kernel, f"{len(t.configs_at_gate)}/{len(t.configs)}", len(t.below), len(t.errors), f"{low:.7f}",
-                  css="fail" if t.below or t.errors else "")
-    parts.append(table.html())
+def trend(history: list[dict], kernel: str, gate: float, path: Path) -> Path | None:
+    """Configs at the gate and the worst 1 - cosine of each night, for one kernel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nights = [h for h in history if h["kernel"] == kernel]
+    if not nights:
+        return None
+    x = range(len(nights))
+    fig, left = plt.subplots(figsize=(7.5, 2.6))
+    left.plot(x, [100 * h["at_gate"] / max(h["configs"], 1) for h in nights], "o-", color="#1b7a33")
+    left.set_ylabel("% configs at the gate", color="#1b7a33")
+    left.set_ylim(-5, 105)
+    right = left.twinx()
+    right.semilogy(x, [max(h["worst_gap"], 1e-9) if h["worst_gap"] is not None else float("nan") for h in nights],
+                   "s--", color="#b00020")
+    right.axhline(1 - gate, color="#b00020", linewidth=0.8, linestyle=":")
+    right.set_ylabel("worst 1 - cosine", color="#b00020")
+    left.set_xticks(list(x), [h["time"][5:16] for h in nights], rotation=30, fontsize=7, ha="right")
+    left.set_title(f"{kernel}: night by night (dotted: the gate)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def night(tallies: dict, time: str) -> list[dict]:
+    """This run's line per kernel in history.jsonl."""
+    return [dict(time=time, kernel=name, configs=len(t.configs), at_gate=len(t.configs_at_gate),
+                 below=len(t.below), raised=len(t.errors),
+                 worst_gap=max((_gap(r) for r in t.ran), default=None)) for name, t in tallies.items()]
+
+
+def read_history(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _failing_configs(t, gate: float) -> list[dict]:
+    by_config = defaultdict(list)
+    for r in t.below + t.errors:
+        by_config[r["config"]].append(r)
+    rows = []
+    for config, runs in by_config.items():
+        raised = [r for r in runs if "error" in r]
+        worst = max((_gap(r) for r in runs if "cos" in r), default=None)
+        rows.append(dict(config=config, runs=len(runs), sort=1.0 if raised else worst,
+                         worst=f"raised {raised[0]['error']}" if raised else f"cos {1 - worst:.7f}",
+                         by="" if raised else f"{worst - (1 - gate):.2e}"))
+    return sorted(rows, key=lambda row: -row["sort"])
+
+
+def write_page(tallies: dict, gate: float, header: str, regressions: list[str], history: list[dict],
+               out_dir: Path) -> Path:
+    """`tallies`: ci.nightly.tally(records); `header`: the results' Markdown header."""
     try:
         import matplotlib  # noqa: F401
         plotting = True
     except ImportError:
         plotting = False
-        parts.append("<p>No heatmaps: matplotlib is not installed (pip install -e '.[plot]').</p>")
-    for kernel, t in tallies.items():
-        parts.append(f"<h2>{html.escape(kernel)}</h2>")
+    kernels = []
+    for name, t in sorted(tallies.items(), key=lambda item: (not (item[1].below or item[1].errors), item[0])):
+        slug = _slug(name)
+        heatmaps = []
         if plotting:
-            png = heatmap(t.runs, kernel, gate, out_dir / f"heatmap-{_slug(kernel)}.png")
-            parts.append(f"<img src='{png.name}' alt='1 - cosine heatmap of {kernel}'>")
-        if t.below or t.errors:
-            items = [f"{r['case']} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}" for r in t.below]
-            items += [f"{r['case']} {r['distribution']} seed {r['seed']}: raised {r['error']}" for r in t.errors]
-            parts.append(f"<details><summary>{len(items)} runs below the gate or raised</summary><ul>"
-                         + "".join(f"<li>{html.escape(item)}</li>" for item in items[:300]) + "</ul></details>")
+            for sparse in (False, True):
+                png = heatmap(t.runs, name, gate, out_dir / f"heatmap-{slug}{'-sparse' if sparse else ''}.png", sparse)
+                if png:
+                    heatmaps.append(dict(src=png.name, alt=f"{name}: worst 1 - cosine per "
+                                                           f"{'sparse' if sparse else 'dense'} config"))
+        png = trend(history, name, gate, out_dir / f"trend-{slug}.png") if plotting else None
+        skips = Counter(r["skipped"] for r in t.runs if "skipped" in r)
+        cos = [r["cos"] for r in t.ran]
+        kernels.append(dict(
+            name=name, slug=slug, failing=bool(t.below or t.errors), configs=len(t.configs),
+            at_gate=len(t.configs_at_gate), below=len(t.below), raised=len(t.errors), skipped=sum(skips.values()),
+            cos_min=f"{min(cos):.7f}" if cos else "-", failing_configs=_failing_configs(t, gate),
+            heatmaps=heatmaps, trend=png.name if png else None,
+            skip_reasons=sorted(((n, why) for why, n in skips.items()), reverse=True)))
+    lines = [line.strip() for line in header.splitlines() if line.strip()]
+    title = lines[0].lstrip("# ") if lines and lines[0].startswith("#") else "fmha nightly gate"
+    command = next((line.removeprefix("Command: ") for line in lines if line.startswith("Command: ")), "")
+    context = [line for line in lines[1:] if not line.startswith(("#", "Command: "))]
+    environment = jinja2.Environment(loader=jinja2.PackageLoader("fmha.ci", "templates"), autoescape=True)
+    page = environment.get_template("nightly.html.j2").render(
+        title=title, context=context, command=command, gate=gate, kernels=kernels,
+        failing=[k for k in kernels if k["failing"]], regressions=regressions, plotting=plotting)
     path = out_dir / "index.html"
-    path.write_text("\n".join(parts) + "\n")
+    path.write_text(page)
     return path
+
+
+def junit(tallies: dict, gate: float) -> str:
+    """One test case per kernel and config: failed below the gate or raised, skipped with the
+    kernel's reason when it ran nothing there."""
+    suites = ET.Element("testsuites", name="fmha nightly gate")
+    for name, t in tallies.items():
+        by_config = defaultdict(list)
+        for r in t.runs:
+            by_config[r["config"]].append(r)
+        suite = ET.SubElement(suites, "testsuite", name=name, tests=str(len(by_config)))
+        counts = Counter()
+        for config, runs in by_config.items():
+            case = ET.SubElement(suite, "testcase", classname=f"nightly.{name}", name=config)
+            bad = [r for r in runs if "error" in r or ("cos" in r and not r["passed"])]
+            if bad:
+                counts["failures"] += 1
+                text = "\n".join(f"{r['case']} {r['distribution']} seed {r['seed']}: "
+                                 + (f"raised {r['error']}" if "error" in r else f"cos {r['cos']:.7f} < {gate}")
+                                 for r in bad)
+                ET.SubElement(case, "failure", message=f"{len(bad)} run(s) below the gate {gate} or raised").text = text
+            elif all("skipped" in r for r in runs):
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=runs[0]["skipped"])
+        suite.set("failures", str(counts["failures"]))
+        suite.set("skipped", str(counts["skipped"]))
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True)
+
+
+def _natural(label: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
 def _slug(name: str) -> str:

@@ -21,6 +21,7 @@ import datetime
 import json
 import math
 import re
+import shlex
 import sys
 import time
 from collections import Counter, defaultdict
@@ -160,6 +161,21 @@ def report(results: list[Result], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reruns(results: list[Result], args) -> str:
+    """The command that reruns each failure alone, last, where a CI log's reader looks."""
+    bad = [r for r in results if r.bad]
+    if not bad:
+        return ""
+    common = [f"--fmha-device {args.fmha_device}"]
+    common += [f"--seeds {args.seeds}"] if args.seeds != 1 else []
+    common += [f"--law-examples {args.law_examples}"] if args.law_examples != 3 else []
+    common += [f"--fmha-known-failures {shlex.quote(args.fmha_known_failures)}"] if args.fmha_known_failures else []
+    lines = ["", f"## Rerun one failure ({len(bad)})", ""]
+    lines += [f"python -m fmha.ci.verify --fmha-kernel {shlex.quote(r.kernel)} {' '.join(common)} --only {r.what}"
+              f"    # {r.part} {r.outcome}" for r in bad]
+    return "\n".join(lines) + "\n"
+
+
 def calibration(worst: dict) -> str:
     table = Table(["kernel", "dtype", *WORST])
     for (name, dtype), row in worst.items():
@@ -176,6 +192,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--fmha-known-failures", metavar="FILE", help="a TOML file of your kernels' known failures")
     parser.add_argument("--calibrate", action="store_true", help="print the worst value of each gated metric")
+    parser.add_argument("--only", action="append", default=[], metavar="CASE|LAW",
+                        help="run only this agreement case or law (repeatable): the rerun commands use it")
     args = parse(parser, argv)
     kernels = selected_kernels(parser, args)
     device = args.fmha_device
@@ -187,6 +205,12 @@ def main(argv=None) -> int:
     cases = [s.replace(distribution=d, seed=seed) for s in with_dtypes(FEATURE_CASES)
              for d in DISTRIBUTIONS for seed in range(args.seeds)]
     law_list = [law for law in LAWS.values() if law.draws != "merge"] if args.law_examples > 0 and not args.calibrate else []
+    if args.only:
+        unknown = set(args.only) - {s.id for s in cases} - {law.name for law in law_list}
+        if unknown:
+            parser.error(f"--only: no agreement case or law named {sorted(unknown)} (their names are in the report)")
+        cases = [s for s in cases if s.id in args.only]
+        law_list = [law for law in law_list if law.name in args.only]
     worst = defaultdict(lambda: {c: (-math.inf, "") for c in WORST}) if args.calibrate else None
     results = []
     total, start, now = len(kernels) * (len(cases) + len(law_list)), time.monotonic(), [""]
@@ -216,7 +240,7 @@ def main(argv=None) -> int:
     header = (f"# fmha verify, {datetime.date.today()}, {device_name}, torch {torch.__version__}\n\n"
               f"Agreement: {len(FEATURE_CASES)} feature cases x {len(DTYPE_NAMES)} dtypes x {len(DISTRIBUTIONS)} "
               f"distributions x {args.seeds} seed(s); laws: {len(law_list)} x {args.law_examples} draws.")
-    print(calibration(worst) if args.calibrate else report(results, header))
+    print(calibration(worst) if args.calibrate else report(results, header) + reruns(results, args))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(header=header, device=device, results=[asdict(r) for r in results]), f, indent=1)

@@ -51,7 +51,11 @@ class Verdict:
         lines = [f"{head}{len(self.failures)} check(s) failed"]
         lines += [f"  - {f}" for f in self.failures]
         lines += [f"  likely cause: {h}" for h in self.hints]
-        lines.append(f"  metrics: {self.metrics.summary()}")
+        m = self.metrics
+        left_out = ", ".join(part for part in (f"{m.nonfinite} NaN/Inf" if m.nonfinite else "",
+                                               f"{m.unwritten} unwritten" if m.unwritten else "") if part)
+        over = f" over the {m.elements - m.nonfinite - m.unwritten} other elements ({left_out} left out)" if left_out else ""
+        lines.append(f"  metrics{over}: {m.summary()}")
         return "\n".join(lines)
 
 

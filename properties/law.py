@@ -15,6 +15,7 @@ for one that does not (`assert_same`).
 
 from __future__ import annotations
 
+import inspect
 import sys
 import traceback
 from dataclasses import dataclass
@@ -236,10 +237,24 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
         if nondeterministic:
             raise AssertionError(nondeterministic[0]) from e
         raise
+    except AssertionError as failure:  # added here: an edit inside `check` changes every CI draw
+        if operands and isinstance(operands[0], KernelEntry):
+            failure.add_note(f"kernel under test: {kernel_location(operands[0])}")
+        raise
     except (Unsatisfiable, FailedHealthCheck):
         if not refused:
             raise
         pytest.skip(f"the kernel refused the samples it was given (NotSupportedError): {refused[0]}")
+
+
+def kernel_location(kernel: KernelEntry) -> str:
+    """Where the kernel under test is defined: its host function for fmha's own kernels, the
+    callable given with --fmha-kernel otherwise."""
+    fn = inspect.unwrap(kernel.apply or kernel.fn)
+    try:
+        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]} ({fn.__module__}.{fn.__qualname__})"
+    except (TypeError, OSError):
+        return repr(fn)
 
 
 def _naming_nondeterminism(law, found: list):

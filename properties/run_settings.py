@@ -15,6 +15,10 @@ import pytest
 
 DEVICE = pytest.StashKey[str]()  # the session's device: --fmha-device, else cuda when present
 
+# A kernel's --fmha-kernel spec as this session was given it, by the kernel's name (a mutant
+# or a registry entry reached by import path is named otherwise).
+KERNEL_SPECS = pytest.StashKey[dict]()
+
 # Options a rerun of one test needs, as given to this session.
 _RERUN_OPTIONS = ("--fmha-device", "--fmha-known-failures", "--hypothesis-profile")
 
@@ -29,12 +33,16 @@ def register_profiles() -> None:
     except ImportError:
         return
     slow_draws = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws)
+    # No explain phase: the lines it names are the judge's (oracles/check.py), not the kernel's;
+    # a failing law names the kernel under test itself (properties/law.py).
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+    settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws,
+                              phases=phases)
     settings.register_profile("fmha-ci", max_examples=6, deadline=None, derandomize=True, database=None,
-                              print_blob=True, suppress_health_check=slow_draws)
+                              print_blob=True, suppress_health_check=slow_draws, phases=phases)
     settings.register_profile("fmha-nightly", max_examples=200, deadline=None, print_blob=True,
                               database=DirectoryBasedExampleDatabase(".hypothesis/nightly"),
-                              suppress_health_check=slow_draws)
+                              suppress_health_check=slow_draws, phases=phases)
     # triage: first failure, unshrunk, fast (shrinking through the CPU interpreter takes minutes).
     settings.register_profile("fmha-triage", settings.get_profile("fmha-ci"),
                               phases=[Phase.explicit, Phase.reuse, Phase.generate])
@@ -61,13 +69,16 @@ def reproduce_command(item) -> str:
     params = item.callspec.params if hasattr(item, "callspec") else {}
     args = ["pytest", f"{item.path}::{item.name}"]
     if "kernel" in params:
-        args += ["--fmha-kernel", params["kernel"].name]
+        name = params["kernel"].name
+        args += ["--fmha-kernel", config.stash.get(KERNEL_SPECS, {}).get(name, name)]
     if "merge_kernel" in params:
         args += ["--fmha-merge", params["merge_kernel"].name]
     for option in _RERUN_OPTIONS:
         value = config.getoption(option, None) if option != "--fmha-device" else config.stash[DEVICE]
         if value:
             args += [option, os.path.abspath(value) if option == "--fmha-known-failures" else value]
+    for directory in config.getoption("--fmha-cases", None) or ():
+        args += ["--fmha-cases", directory]
     return shlex.join(args)
 
 

@@ -1,9 +1,10 @@
 """Command line of the trap library.
 
     python -m fmha.regressions list
-    python -m fmha.regressions matrix [--fmha-device cpu] [--out docs/kill-matrix.md] [--jobs N] [--fresh]
+    python -m fmha.regressions matrix [--fmha-device cpu] [--out docs/kill-matrix.md] [--jobs N] [--fresh] \\
+        [--fmha-cases DIR]
     python -m fmha.regressions new <id> --reproducer "Sample(problem=Problem(...), ...)" --seeds "..." \\
-        --symptom "..." --root-cause "..." [--mutant module:attr]
+        --symptom "..." --root-cause "..." [--mutant module:attr] [--kernel module:attr] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import torch
 
 from fmha import registry
+from fmha.regressions.scaffold import TRAPS_DIR
 
 
 def _list(_args) -> int:
@@ -32,14 +35,27 @@ def _list(_args) -> int:
 
 
 def _matrix(args) -> int:
-    from fmha.regressions import kill_matrix
+    from fmha.regressions import kill_matrix, traps
     device = args.fmha_device or ("cuda" if torch.cuda.is_available() else "cpu")
     kernels = registry.selected_kernels(args.fmha_kernel, device)
-    cache_path = os.path.splitext(args.out)[0] + ".json"
-    cache = {} if args.fresh or not os.path.exists(cache_path) else json.loads(Path(cache_path).read_text())
-    rows = kill_matrix.build(device, args.law_examples, args.jobs, cache,
-                             progress=lambda line: print(line, file=sys.stderr))
-    correct = kill_matrix.correct_kernel_failures(kernels, device)
+    try:
+        for directory in args.fmha_cases:
+            traps.load_directory(directory)
+    except ValueError as e:
+        print(f"regressions matrix: {e}", file=sys.stderr)
+        return 2
+    # fmha's own rows ship with the package (ROWS): a run anywhere recomputes only the rows
+    # whose inputs differ from them (a kernel author's traps, an edited law) and keeps its
+    # own rows beside OUT; in fmha's checkout ROWS itself is kept up to date.
+    cache_path = kill_matrix.ROWS if _in_checkout() else os.path.splitext(args.out)[0] + ".json"
+    cache = {}
+    for path in {kill_matrix.ROWS, cache_path}:
+        if not args.fresh and os.path.exists(path):
+            cache.update(json.loads(Path(path).read_text()))
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    rows = kill_matrix.build(device, args.law_examples, args.jobs, cache, progress=say,
+                             cases_dirs=tuple(os.path.abspath(d) for d in args.fmha_cases))
+    correct = kill_matrix.correct_kernel_failures(kernels, device, progress=say)
     command = "python -m fmha.regressions matrix " + " ".join(sys.argv[2:])
     text = kill_matrix.render(rows, correct, device, command.strip(), datetime.date.today().isoformat())
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
@@ -47,6 +63,7 @@ def _matrix(args) -> int:
         f.write(text)
     with open(cache_path, "w") as f:
         json.dump(cache, f, indent=1, sort_keys=True)
+        f.write("\n")
     print(text)
     missed = [r.mutant for r in rows if any(f == "(passed)" for f in r.own)]
     false_failures = {k: f for k, f in correct.items() if f}
@@ -60,15 +77,41 @@ def _matrix(args) -> int:
 def _new(args) -> int:
     from fmha.regressions.scaffold import new_trap
     try:
+        os.makedirs(args.dir, exist_ok=True)
         path = new_trap(args.id, args.reproducer, seeds=args.seeds, symptom=args.symptom, root_cause=args.root_cause,
                         why=args.why, mutant=args.mutant, directory=args.dir)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"regressions new: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {path}\n"
-          f"run it:   pytest regressions -k {args.id} --fmha-kernel <your kernel>\n"
-          f"prove it: the kill matrix test fails until the trap has a mutant that its case catches")
+    if os.path.realpath(args.dir) == os.path.realpath(TRAPS_DIR):
+        run = f"pytest regressions -k {args.id}"
+    else:
+        run = f"pytest --pyargs fmha --fmha-cases {shlex.quote(os.path.relpath(args.dir))} -k {args.id}"
+    lines = [f"wrote {os.path.relpath(path)}"]
+    if args.mutant:
+        lines.append(f"it catches the bug:  {run} --fmha-kernel {args.mutant}    (fails)")
+    lines.append(f"run it on your kernel: {run} --fmha-kernel {args.kernel or 'YOUR_MODULE:FUNCTION'}")
+    if not args.mutant:
+        lines.append("prove it: until the trap names a kernel with exactly this bug (--mutant, or MUTANTS in the "
+                     "file), its cases are a failure of the suite")
+    print("\n".join(lines))
     return 0
+
+
+# regressions/traps -> the repository, where fmha runs from its checkout (editable install)
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.realpath(TRAPS_DIR)))
+
+
+def _in_checkout() -> bool:
+    """Run inside fmha's own repository, not a kernel author's (nor fmha in site-packages)."""
+    here = os.path.realpath(os.getcwd()) + os.sep
+    return os.path.exists(os.path.join(CHECKOUT, "pyproject.toml")) and here.startswith(CHECKOUT + os.sep)
+
+
+def _default_cases_dir() -> str:
+    """fmha's own trap library in fmha's checkout; anywhere else ./fmha_cases, never the
+    installed package."""
+    return TRAPS_DIR if _in_checkout() else "fmha_cases"
 
 
 def main(argv=None) -> int:
@@ -82,10 +125,14 @@ def main(argv=None) -> int:
     matrix.add_argument("--fmha-kernel", action="append", default=[], metavar="NAME|module:attr",
                         help="correct kernels that must pass every case (default: the registry's for the device)")
     matrix.add_argument("--law-examples", type=int, default=6, help="hypothesis draws per law and mutant")
-    matrix.add_argument("--jobs", type=int, default=1, help="mutants run in parallel processes")
+    matrix.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="mutants run in parallel processes (default: one per core)")
     matrix.add_argument("--fresh", action="store_true",
-                        help="recompute every row (default: reuse rows of OUT.json whose inputs did not change)")
-    matrix.add_argument("--out", default="docs/kill-matrix.md")
+                        help="recompute every row (default: reuse the rows whose inputs did not change)")
+    matrix.add_argument("--fmha-cases", action="append", default=[], metavar="DIR",
+                        help="your own traps (python -m fmha.regressions new ID --dir DIR): their rows too")
+    matrix.add_argument("--out", default=None,
+                        help="default: docs/kill-matrix.md in fmha's checkout, else ./kill-matrix.md")
     matrix.set_defaults(run=_matrix)
 
     new = sub.add_parser("new", help="scaffold a trap module from a reproducer")
@@ -97,11 +144,15 @@ def main(argv=None) -> int:
     new.add_argument("--root-cause", required=True, help="what is wrong in the kernel (or 'unknown yet')")
     new.add_argument("--why", default="", help="what about the reproducer exposes the bug")
     new.add_argument("--mutant", default="", metavar="module:attr", help="a kernel with exactly this bug")
-    new.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    new.add_argument("--kernel", default="", metavar="module:attr", help="your kernel, for the commands printed")
+    new.add_argument("--dir", default=None,
+                     help="where to write it (default: the trap library in fmha's checkout, else ./fmha_cases); "
+                          "pytest --pyargs fmha --fmha-cases DIR runs it")
     new.set_defaults(run=_new)
 
     args = parser.parse_args(argv)
     if getattr(args, "dir", "") is None:
-        from fmha.regressions.scaffold import TRAPS_DIR
-        args.dir = TRAPS_DIR
+        args.dir = _default_cases_dir()
+    if args.command == "matrix" and args.out is None:
+        args.out = os.path.join(CHECKOUT, "docs", "kill-matrix.md") if _in_checkout() else "kill-matrix.md"
     return args.run(args)

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import inspect
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -30,7 +31,11 @@ from fmha.tables import Table
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.mutation import Mutant
 from fmha.regressions.trap import Trap, check_case
-from fmha.regressions.traps import MUTANTS, TRAP_FILES, TRAPS
+from fmha.regressions.traps import MUTANTS, TRAP_FILES, TRAPS, load_directory
+
+# Every row computed for fmha's own mutants, keyed by what it depends on (row_key): shipped
+# with the package, so a run anywhere recomputes only what changed.
+ROWS = os.path.join(os.path.dirname(__file__), "kill_matrix_rows.json")
 
 
 def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[str]:
@@ -133,15 +138,24 @@ def row_key(name: str, law_examples: int) -> str:
     return digest.hexdigest()[:16]
 
 
-def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = None, progress=print) -> list[Row]:
+def _load_cases(directories: tuple[str, ...]) -> None:
+    for directory in directories:
+        load_directory(directory)
+
+
+def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = None, progress=print,
+          cases_dirs: tuple[str, ...] = ()) -> list[Row]:
     """One row per mutant, reusing rows in `cache` whose key still matches (the cache is
-    updated in place); with jobs > 1, mutants run in parallel child processes."""
+    updated in place); with jobs > 1, mutants run in parallel child processes, which load the
+    traps of `cases_dirs` (--fmha-cases) as this process has."""
     cache = {} if cache is None else cache
     keys = {name: row_key(name, law_examples) for name in MUTANTS}
     stale = [name for name, key in keys.items() if cache.get(name, {}).get("key") != key]
     progress(f"{len(stale)} row(s) to compute, {len(MUTANTS) - len(stale)} reused")
     start = time.perf_counter()
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else nullcontext() as pool:
+    jobs = min(jobs, len(stale))
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_load_cases,
+                             initargs=(tuple(cases_dirs),)) if jobs > 1 else nullcontext() as pool:
         computing = (pool.map if pool else map)(mutant_row, stale, [device] * len(stale), [law_examples] * len(stale))
         for done, row in enumerate(computing, 1):  # each row as it comes: a fresh matrix takes minutes
             cache[row.mutant] = {"key": keys[row.mutant], "row": dataclasses.asdict(row)}
@@ -153,9 +167,10 @@ def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = No
     return [Row(**cache[name]["row"]) for name in MUTANTS]
 
 
-def correct_kernel_failures(kernels: list[KernelEntry], device: str) -> dict[str, list[str]]:
+def correct_kernel_failures(kernels: list[KernelEntry], device: str, progress=print) -> dict[str, list[str]]:
     """Per correct kernel, the named cases it fails (it should fail none)."""
     result = {}
+    start = time.perf_counter()
     for kernel in kernels:
         found = []
         for trap in TRAPS.values():
@@ -166,6 +181,8 @@ def correct_kernel_failures(kernels: list[KernelEntry], device: str) -> dict[str
                 if failures:
                     found.append(f"{trap.id}/{case.id}: {failures[0]}")
         result[kernel.name] = found
+        progress(f"[{time.perf_counter() - start:.0f} s] correct kernel {kernel.name}: "
+                 f"{len(found)} named case(s) failed")
     return result
 
 

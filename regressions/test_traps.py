@@ -7,7 +7,7 @@ import pytest
 
 from fmha.contract import DTYPE_NAMES
 from fmha.regressions.trap import check_case, laid_out_for
-from fmha.regressions.traps import TRAPS, in_process_mutants
+from fmha.regressions.traps import MUTANTS, TRAPS, USER_TRAPS, in_process_mutants
 
 pytestmark = pytest.mark.regression
 
@@ -30,3 +30,18 @@ def test_named_regression_case(kernel, trap, case, device):
     assert not failures, (
         f"{kernel.name} fails named case {trap.id}/{case.id}{relaid} ({trap.origin}: {trap.symptom}; "
         f"known root cause: {trap.root_cause}):\n" + "\n".join(f"  - {f}" for f in failures))
+
+
+if USER_TRAPS:  # a kernel author's own traps (--fmha-cases DIR): each case is seen failing on its bug
+    @pytest.mark.parametrize("trap, index", [
+        pytest.param(TRAPS[t], i, id=f"{t}/{case.id}") for t in USER_TRAPS for i, case in enumerate(TRAPS[t].cases)
+    ])
+    def test_your_case_fails_on_its_mutant(trap, index, device):
+        from fmha.regressions.kill_matrix import case_failures
+
+        mutants = [m for m in MUTANTS.values() if m.trap == trap.id]
+        assert mutants, (f"trap {trap.id} has no mutant: a case never seen failing on its bug proves nothing. Keep the "
+                         f"buggy kernel and name it in MUTANTS ({trap.id.replace('-', '_')}.py shows how)")
+        passed = [m.name for m in mutants if not case_failures(m, trap, index, device)]
+        assert not passed, (f"mutant(s) {passed} pass case {trap.id}/{trap.cases[index].id}: the case does not "
+                            f"catch the bug it is named for")

@@ -145,3 +145,72 @@ def test_a_failure_prints_a_command_that_reproduces_it_from_the_users_directory(
     again = _run(shlex.split(found.group(1)) + ["-p", "no:cacheprovider"], user, env)
     assert again.returncode == 1 and "the scale argument ignored" in again.stdout, again.stdout[-3000:]
     assert re.search(r"\b1 failed\b", again.stdout), again.stdout[-1000:]
+
+
+REPRODUCER = ("Sample(problem=Problem(batch=1, q_len=3, kv_len=17, heads_q=2, heads_kv=2, head_dim=32, "
+              "dtype=torch.float16), scale=0.3)")
+
+
+def _printed(output: str, label: str) -> list[str]:
+    found = re.search(rf"^{label}\s+(pytest .*?)(\s+\(fails\))?$", output, re.M)
+    assert found, f"no '{label}' command in:\n{output}"
+    return shlex.split(found.group(1))
+
+
+def _on_the_cpu(env: dict) -> dict:
+    """The CPU tier's run of a workflow, whatever the machine (the printed commands name no device)."""
+    return {**env, "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.mark.cpu_tier
+@pytest.mark.starts_first  # four nested sessions of the installed package
+def test_a_regression_added_in_the_users_repository_fails_on_the_bug_then_passes_on_the_fix(installed):
+    env, bin_dir, user = installed
+    env = _on_the_cpu(env)
+    repo = user.parent / "my_repo"  # the author's repository: their kernel, the buggy version kept as the mutant
+    repo.mkdir()
+    (repo / "mykernel.py").write_text(MYKERNEL)
+    (repo / "mykernel_v0.py").write_text(MYKERNEL)
+    new = _run([str(bin_dir / "python"), "-m", "fmha.regressions", "new", "scale-ignored", "--reproducer", REPRODUCER,
+                "--seeds", "mykernel#3", "--symptom", "scale= has no effect", "--root-cause", "D ** -0.5 hard-coded",
+                "--mutant", "mykernel_v0:fwd", "--kernel", "mykernel:fwd"], repo, env)
+    assert new.returncode == 0, new.stdout + new.stderr
+    assert (repo / "fmha_cases" / "scale_ignored.py").exists(), new.stdout  # in the repository, not site-packages
+    catches, on_yours = _printed(new.stdout, "it catches the bug:"), _printed(new.stdout, "run it on your kernel:")
+
+    before_fix = _run(on_yours + ["-p", "no:cacheprovider"], repo, env)
+    assert before_fix.returncode == 1, before_fix.stdout[-3000:] + before_fix.stderr[-3000:]
+    assert "fails named case scale-ignored/" in before_fix.stdout, before_fix.stdout[-3000:]
+    assert _run(catches + ["-p", "no:cacheprovider"], repo, env).returncode == 1
+
+    (repo / "mykernel.py").write_text(MYKERNEL.replace("* D ** -0.5", "* (D ** -0.5 if scale is None else scale)"))
+    after_fix = _run(on_yours + ["-p", "no:cacheprovider", "-v"], repo, env)
+    assert after_fix.returncode == 0, after_fix.stdout[-3000:] + after_fix.stderr[-3000:]
+    # the named case on the kernel in each dtype, and the case seen failing on the kept mutant
+    assert re.search(r"\b4 passed\b", after_fix.stdout), after_fix.stdout[-2000:]
+    assert "test_your_case_fails_on_its_mutant[scale-ignored/" in after_fix.stdout, after_fix.stdout[-2000:]
+
+
+@pytest.mark.cpu_tier
+@pytest.mark.starts_first  # the main job and the gate, each a process of the installed package
+def test_verify_and_the_nightly_gate_run_from_the_users_directory(installed):
+    env, bin_dir, user = installed
+    env = _on_the_cpu(env)
+    python = str(bin_dir / "python")
+    verify = _run([python, "-m", "fmha.ci.verify", "--fmha-kernel", "mykernel:fwd"], user, env)
+    assert verify.returncode == 1, verify.stdout[-3000:] + verify.stderr[-3000:]
+    assert "the scale argument ignored" in verify.stdout, verify.stdout[-3000:]
+    rerun = [line.split("    #")[0] for line in verify.stdout.splitlines() if line.startswith("python -m fmha.ci.verify ")]
+    assert rerun and "--only" in rerun[0], verify.stdout[-3000:]
+    again = _run([python, *shlex.split(rerun[0])[1:]], user, env)
+    assert again.returncode == 1 and "1 failing case(s)" in again.stdout, again.stdout[-3000:]
+
+    report = user.parent / "nightly-report"  # not beside the kernel: the collection test checks nothing is
+    gate = _run([python, "-m", "fmha.ci.nightly", "--fmha-kernel", "mykernel:fwd", "--head-dims", "64",
+                 "--out", str(report)], user, env)
+    assert gate.returncode == 0, gate.stdout[-3000:] + gate.stderr[-3000:]  # the grid's calls use the default scale
+    page = (report / "index.html").read_text()
+    assert 'id="threshold">0.999998<' in page and "PASSED" in page and "<h1>Nightly gate, " in page, page[:3000]
+    for name in re.findall(r"<img class=\"\w+\" src=\"([^\"]+)\"", page) + ["junit.xml", "results.json"]:
+        assert (report / name).stat().st_mode & 0o044 == 0o044, f"{name} is missing or not world-readable"
+    assert re.findall(r"<img class=\"trend\"", page), page[-2000:]

@@ -58,6 +58,11 @@ def test_the_law_catches_its_mutant_with_a_small_counterexample(law):
     work = p.batch * p.heads_q * p.q_len * p.kv_len * p.head_dim  # 1% of the CPU budget, or less
     assert work <= 2e5, f"{law.name} on {mutant.name}: the shrunk counterexample is not small: {p}"
     assert mutant.name in str(caught.value), str(caught.value)[:2000]
+    # the failure points at the kernel under test, not at the judge's lines (hypothesis's explain
+    # phase, off in fmha's profiles)
+    notes = "\n".join(caught.value.__notes__)
+    assert "kernel under test: " in notes and "oracles/check.py" not in notes, notes
+    assert Phase.explain not in settings.get_profile("fmha-ci").phases
 
 
 # Where paged and sparse kernels go wrong, each drawn on purpose (properties/paged_strategies.py),

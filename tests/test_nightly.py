@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from html.parser import HTMLParser
+from xml.etree import ElementTree as ET
 
 import pytest
 
@@ -24,12 +26,41 @@ RAISING = textwrap.dedent('''
 ''')
 
 
+def _gate(tmp_path, out, *head_dims):
+    return subprocess.run([sys.executable, "-m", "fmha.ci.nightly", "--fmha-device", "cpu",
+                           "--fmha-kernel", "raising_kernels:fwd", "--head-dims", *head_dims, "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
+
+
+class _Page(HTMLParser):
+    """The page as a reader sees it: its text, its images and the text of each element by id."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.images, self.by_id, self._open = [], [], {}, []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs)
+        self._open.append(attrs.get("id"))
+        if attrs.get("id"):
+            self.by_id[attrs["id"]] = ""
+
+    def handle_endtag(self, tag):
+        if self._open:
+            self._open.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+        for element in filter(None, self._open):
+            self.by_id[element] += data
+
+
 def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
     (tmp_path / "raising_kernels.py").write_text(RAISING)
     out = tmp_path / "report"
-    run = subprocess.run([sys.executable, "-m", "fmha.ci.nightly", "--fmha-device", "cpu",
-                          "--fmha-kernel", "raising_kernels:fwd", "--head-dims", "256", "512", "--out", str(out)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
+    run = _gate(tmp_path, out, "256", "512")
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     records = json.loads((out / "results.json").read_text())["records"]
     sparse = [r for r in records if r["layout"] == "dsv4-sparse"]
@@ -44,3 +75,27 @@ def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
     assert (out / "index.html").exists()
     for name in ("results.json", "summary.md", "index.html"):  # served to whoever reads the CI's artefacts
         assert (out / name).stat().st_mode & 0o044 == 0o044, f"{name} is not readable by group and others"
+
+    # the page: the threshold, the verdict, the failing configs and both grids' heatmaps
+    page = _read_page(out)
+    text = "".join(page.text)
+    assert "0.999998" in page.by_id["threshold"] and page.by_id["verdict"].strip().startswith("FAILED"), page.by_id
+    assert "hd256-T1-S128" in page.by_id["failing"] and "raised RuntimeError: no kernel for head dim 256" in text
+    assert not [line for line in text.splitlines() if line.lstrip().startswith(("# ", "## ", "- ", "```"))], text
+    assert [image["src"] for image in page.images if image["class"] == "heatmap"] == [
+        "heatmap-raising_kernels-fwd.png", "heatmap-raising_kernels-fwd-sparse.png"]
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert suite.get("name") == "raising_kernels:fwd" and int(suite.get("failures")) == 4, ET.tostring(suite)[:500]
+    # a second night: a trend line over both
+    assert _gate(tmp_path, out, "256").returncode == 1
+    assert len((out / "history.jsonl").read_text().splitlines()) == 2
+    (trend,) = [image["src"] for image in _read_page(out).images if image["class"] == "trend"]
+    assert (out / trend).read_bytes()[:4] == b"\x89PNG"
+    for image in page.images:
+        assert (out / image["src"]).read_bytes()[:4] == b"\x89PNG", image
+
+
+def _read_page(out) -> _Page:
+    page = _Page()
+    page.feed((out / "index.html").read_text())
+    return page

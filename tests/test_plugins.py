@@ -289,3 +289,16 @@ def test_a_users_known_failure_file_marks_strict_xfails_and_a_bad_one_is_a_usage
     typo = _run(plugged, "ignores_scale", "--fmha-known-failures=typo.toml")
     assert typo.ret == pytest.ExitCode.USAGE_ERROR
     assert "typo.toml: record 1: unknown field(s) ['cases']" in typo.stderr.str()
+
+
+def test_pyargs_fmha_collects_the_suite_whatever_the_install(plugged):
+    """`--pyargs fmha` names the package; after an editable install (CI's) its folder is the
+    checkout's fmha/, which holds no tests: the plugin reads it as the suite's packages."""
+    result = plugged.runpytest_subprocess("--pyargs", "fmha", "--fmha-kernel=plugged_kernels:correct",
+                                          "--fmha-device=cpu", "--collect-only", "-q", "-p", "no:cacheprovider")
+    ids = result.stdout.str()
+    for test in ("test_laws.py::test_agrees_with_the_oracle[plugged_kernels:correct]",
+                 "test_grid.py::test_grid_config_matches_oracle[plugged_kernels:correct-",
+                 "test_traps.py::test_named_regression_case[plugged_kernels:correct-",
+                 "test_verdict.py::"):
+        assert test in ids, f"{test} not collected:\n{ids[-3000:]}"

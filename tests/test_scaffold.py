@@ -67,3 +67,14 @@ def test_an_existing_id_is_refused(tmp_path, capsys):
     assert _new(tmp_path) == 0
     assert _new(tmp_path) == 2
     assert "exists already" in capsys.readouterr().err
+
+
+def test_outside_fmhas_checkout_it_writes_into_the_current_repository(tmp_path, monkeypatch, capsys):
+    """Never into the installed package: a kernel author's run writes ./fmha_cases and prints
+    the command that collects it from there."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["new", "window-edge", "--reproducer", PRINTED, "--seeds", "x", "--symptom", "x", "--root-cause", "x",
+                 "--kernel", "my_attn:fwd"]) == 0
+    assert (tmp_path / "fmha_cases" / "window_edge.py").exists()
+    printed = capsys.readouterr().out
+    assert "pytest --pyargs fmha --fmha-cases fmha_cases -k window-edge --fmha-kernel my_attn:fwd" in printed, printed

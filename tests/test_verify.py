@@ -45,3 +45,12 @@ def test_a_kernel_that_raises_costs_its_cases_and_the_run_goes_on(tmp_path):
     assert out.count(f"agreement: {len(raised)} case(s) raised") == 1, out[-3000:]
     assert "## Skipped: the kernels' reasons" in out and "no sink support (SDPA has no sink term" in out
     assert {r["part"] for r in results} == {"agreement", "laws"}
+    # last, the command that reruns each failure alone; one of them, run as printed
+    reruns = [line.split("    #")[0] for line in out.splitlines()
+              if line.startswith("python -m fmha.ci.verify ") and line.endswith("# agreement raised")]
+    assert len(reruns) == len(raised), out[-2000:]
+    again = subprocess.run([sys.executable, *reruns[0].split()[1:], "--json", str(report)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    (only,) = json.loads(report.read_text())["results"]
+    assert only["outcome"] == "raised" and reruns[0].endswith(f"--only {only['what']}"), (only, reruns[0])

@@ -77,6 +77,19 @@ def test_nan_in_the_output_fails_with_count_and_place():
     assert "non-finite: 1 NaN/Inf element(s) where the oracle is finite, first at (b,t,h,d)=(0, 3, 1, 7)" in judge(measure(bad, o)).message()
 
 
+def test_agreement_figures_leave_non_finite_elements_out_and_say_so():
+    """A row of NaNs is its own failure; the figures beside it are the other elements', said
+    to be: averaged in as zeros they read as a precision bug (cosine 0.98 from one NaN row)."""
+    problem = Problem(batch=1, q_len=4, kv_len=32, heads_q=2, heads_kv=2, head_dim=64)
+    _, o, _ = _oracle(problem)
+    bad = o.to(problem.dtype)
+    bad[0, 3, 1, :] = float("nan")
+    verdict = judge(measure(bad, o))
+    assert verdict.failures == [verdict.failures[0]] and verdict.failures[0].startswith("non-finite: 64"), verdict.failures
+    assert verdict.metrics.cos > 0.99999 and verdict.metrics.error_ratio < 3, verdict.message()
+    assert "metrics over the 448 other elements (64 NaN/Inf left out): cos 0.99999" in verdict.message()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_poison_survives_copies_and_is_told_apart_from_computed_nan(dtype):
     out = poisoned((2, 3), dtype, "cpu")

@@ -4,8 +4,12 @@ with exactly that bug). Modules are discovered, so a new trap is one new file
 
 from __future__ import annotations
 
+import glob
 import importlib
+import importlib.util
+import os
 import pkgutil
+import sys
 
 from fmha.oracles.sample import Sample
 from fmha.regressions.mutation import Mutant
@@ -17,22 +21,52 @@ def _modules():
         yield importlib.import_module(f"{__name__}.{info.name}")
 
 
+def _register(module, traps: dict, mutants: dict, files: dict) -> str:
+    trap = getattr(module, "TRAP", None)
+    if not isinstance(trap, Trap):
+        raise ValueError(f"{module.__file__}: expected TRAP = Trap(...) (python -m fmha.regressions new writes one)")
+    if trap.id in traps:
+        raise ValueError(f"{module.__file__}: trap id {trap.id!r} is already used (by {files[trap.id]})")
+    files[trap.id] = module.__file__
+    traps[trap.id] = trap
+    for mutant in getattr(module, "MUTANTS", ()):
+        if mutant.name in mutants or mutant.trap != trap.id:
+            raise ValueError(f"{module.__file__}: mutant {mutant.name!r} is a duplicate or names another trap")
+        mutants[mutant.name] = mutant
+    return trap.id
+
+
 def _load() -> tuple[dict[str, Trap], dict[str, Mutant], dict[str, str]]:
     traps, mutants, files = {}, {}, {}
     for module in _modules():
-        trap = module.TRAP
-        files[trap.id] = module.__file__
-        if trap.id in traps:
-            raise ValueError(f"{module.__name__}: trap id {trap.id!r} is already used")
-        traps[trap.id] = trap
-        for mutant in getattr(module, "MUTANTS", ()):
-            if mutant.name in mutants or mutant.trap != trap.id:
-                raise ValueError(f"{module.__name__}: mutant {mutant.name!r} is a duplicate or names another trap")
-            mutants[mutant.name] = mutant
+        _register(module, traps, mutants, files)
     return traps, mutants, files
 
 
 TRAPS, MUTANTS, TRAP_FILES = _load()
+USER_TRAPS: list[str] = []  # ids of the traps load_directory() added, in its order
+
+
+def load_directory(directory: str) -> list[str]:
+    """Add the trap modules of `directory` (a kernel author's own named cases, written there
+    by `python -m fmha.regressions new ID --dir DIR`) to the library; return their ids."""
+    if not os.path.isdir(directory):
+        raise ValueError(f"--fmha-cases {directory}: expected a directory of trap modules, found none there")
+    added = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.py"))):
+        if os.path.basename(path).startswith("_"):
+            continue
+        name = f"fmha_cases.{os.path.splitext(os.path.basename(path))[0]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise ValueError(f"--fmha-cases {directory}: {path} does not import: {type(e).__name__}: {e}") from e
+        sys.modules[name] = module
+        added.append(_register(module, TRAPS, MUTANTS, TRAP_FILES))
+    USER_TRAPS.extend(added)
+    return added
 
 
 def in_process_mutants(trap_id: str) -> list:
