@@ -1,9 +1,11 @@
 """The nightly gate: every kernel on the 72-config grid and the DSV4 sparse-decode grid must
 reach cosine >= 0.999998.
 
-    python -m fmha.ci.nightly [--fmha-kernel NAME|module:attr ...] [--out DIR] [--seeds N] [--head-dims D ...]
+    python -m fmha.ci.nightly [--fmha-kernel NAME|module:attr ...] [--compare NAME|installed ...] [--out DIR]
+                              [--seeds N] [--head-dims D ...]
 
-For each kernel (selected as in pytest; registry defaults otherwise) it runs the grid x
+It gates the kernels selected as in pytest, fmha's own (`fmha`) when none is; --compare adds
+kernels whose rows are reported and never gated. For each kernel it runs the grid x
 layouts (MHA, MQA with K = V), and the 96 sparse-decode configs (properties/grid.py), x
 distributions (normal, peaky, flat) x seeds against the float64 oracle (over the dequantized
 keys for quantized caches) and records global and worst-row cosine, error ratio and LSE error. The gate
@@ -33,6 +35,7 @@ import torch
 
 from tqdm import tqdm
 
+from fmha import registry
 from fmha.ci.cli import kernel_parser, parse, selected_kernels
 from fmha.ci import report_html
 from fmha.oracles.check import judge_run, run_kernel
@@ -106,6 +109,15 @@ class KernelTally:
         return [r for r in self.runs if "error" in r]
 
     @property
+    def gated(self) -> bool:
+        """Its runs decide the exit status (a --compare kernel's are only reported)."""
+        return all(r.get("gated", True) for r in self.runs)
+
+    @property
+    def failing(self) -> bool:
+        return bool(self.below or self.errors)
+
+    @property
     def configs(self) -> set[str]:
         return {r["config"] for r in self.runs}
 
@@ -124,20 +136,22 @@ def tally(records: list[dict]) -> dict[str, KernelTally]:
 
 def summarize(records: list[dict], previous: list[dict] | None, header: str) -> tuple[str, bool]:
     lines = [header, "", f"Gate: global cosine >= {GATE} against the float64 oracle, every run.", ""]
-    table = Table(["kernel", "configs at gate", "runs", "raised", "skipped", "cos min", "cos median"])
+    table = Table(["kernel", "gated", "configs at gate", "runs", "raised", "skipped", "cos min", "cos median"])
     failing_lines = []
-    for kernel, t in tally(records).items():
+    tallies = tally(records)
+    for kernel, t in tallies.items():
         cos = [r["cos"] for r in t.ran]
-        table.add(kernel, f"{len(t.configs_at_gate)}/{len(t.configs)}", len(t.ran), len(t.errors),
-                  len(t.runs) - len(t.ran) - len(t.errors), f"{min(cos):.7f}" if cos else "-",
-                  f"{statistics.median(cos):.7f}" if cos else "-")
-        failing_lines += [f"- {kernel} {r['case']} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}, "
+        table.add(kernel, "yes" if t.gated else "no (--compare)", f"{len(t.configs_at_gate)}/{len(t.configs)}",
+                  len(t.ran), len(t.errors), len(t.runs) - len(t.ran) - len(t.errors),
+                  f"{min(cos):.7f}" if cos else "-", f"{statistics.median(cos):.7f}" if cos else "-")
+        where = kernel if t.gated else f"{kernel} (compared, not gated)"
+        failing_lines += [f"- {where} {r['case']} {r['distribution']} seed {r['seed']}: cos {r['cos']:.7f}, "
                           f"{GATE - r['cos']:.2e} below the gate (worst row {r['worst_row_cos']:.7f})"
                           for r in t.below]
-        failing_lines += [f"- {kernel} {r['case']} {r['distribution']} seed {r['seed']}: raised {r['error']}"
+        failing_lines += [f"- {where} {r['case']} {r['distribution']} seed {r['seed']}: raised {r['error']}"
                           for r in t.errors]
     lines.append(table.markdown())
-    any_fail = bool(failing_lines)
+    any_fail = any(t.gated and t.failing for t in tallies.values())
     if failing_lines:
         lines += ["", f"## Below the gate or raised ({len(failing_lines)} runs)", ""] + failing_lines[:200]
         if len(failing_lines) > 200:
@@ -182,8 +196,31 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _compared(parser, args, gated: list) -> list:
+    """--compare NAME|installed: kernels reported beside the gated ones, never gated."""
+    names = {k.name for k in gated}
+    found = []
+    for spec in args.compare:
+        if spec == "installed":
+            found += [k for k in registry.default_kernels(args.fmha_device) if k.name not in registry.OURS_NAMES
+                      and not k.availability(args.fmha_device)]
+        else:
+            try:
+                found.append(registry.resolve_kernel(spec))
+            except ValueError as e:
+                parser.error(str(e).replace("--fmha-kernel", "--compare"))
+    unique = {}
+    for k in found:
+        if k.name not in names:
+            unique.setdefault(k.name, k)
+    return list(unique.values())
+
+
 def main(argv=None) -> int:
     parser = kernel_parser(__doc__)
+    parser.add_argument("--compare", action="append", default=[], metavar="NAME|module:attr|installed",
+                        help="report these kernels beside the gated ones, without gating them (repeatable; "
+                             "'installed': every registered kernel that runs here)")
     parser.add_argument("--out", type=Path, default=Path("nightly-report"))
     parser.add_argument("--seeds", type=int, default=None, help="default: 3 on CUDA, 1 on CPU")
     parser.add_argument("--full-grid", action="store_true", help="on CPU too (slow through the interpreter)")
@@ -195,7 +232,9 @@ def main(argv=None) -> int:
     if args.report_only:
         saved = json.loads((args.out / "results.json").read_text())
         return _report(saved["records"], None, saved["header"], args.out, None)
-    kernels = selected_kernels(parser, args)
+    gated = selected_kernels(parser, args) if args.fmha_kernel else [registry.KERNELS["fmha"]]
+    compared = _compared(parser, args, gated)
+    kernels = gated + compared
     reduced = args.fmha_device == "cpu" and not args.full_grid
     configs = [c for c in GRID if (c.q_len, c.kv_len) in CPU_SLICE] if reduced else list(GRID)
     sparse = [p for p in SPARSE_GRID if sparse_id(p) in CPU_SPARSE_SLICE] if reduced else list(SPARSE_GRID)
@@ -205,6 +244,8 @@ def main(argv=None) -> int:
     seeds = args.seeds or (1 if args.fmha_device == "cpu" else 3)
 
     records = run_gate(kernels, args.fmha_device, seeds, cases(configs, sparse))
+    for r in records:
+        r["gated"] = r["kernel"] in {k.name for k in gated}
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     previous = json.loads(results_path.read_text())["records"] if results_path.exists() else None

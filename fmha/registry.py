@@ -42,6 +42,8 @@ OURS = [
     gluon_sparse.ENTRY,
 ]
 
+OURS_NAMES = frozenset(e.name for e in OURS)
+
 KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES, reference_kernel.ENTRY,
                                                           *sdpa_paged.ENTRIES]}
 

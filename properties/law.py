@@ -23,7 +23,8 @@ from typing import Callable
 
 import pytest
 import torch
-from hypothesis import assume, example, given, note, reject
+import hypothesis
+from hypothesis import Phase, assume, example, given, note, reject
 from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 
 from fmha.contract import FULL_CONTRACT, KernelEntry, NotSupportedError
@@ -231,14 +232,17 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
 
     for sample in pinned:
         check = example(sample=sample)(check)
+    # No explain phase: the lines it names are the judge's (oracles/check.py); a failure names
+    # the kernel under test instead (below).
+    base = settings if settings is not None else hypothesis.settings()
     try:
-        (settings(check) if settings is not None else check)()
+        hypothesis.settings(base, phases=[p for p in base.phases if p != Phase.explain])(check)()
     except (Flaky, BaseExceptionGroup) as e:  # failures hypothesis could not replay, or several at once
         if nondeterministic:
             raise AssertionError(nondeterministic[0]) from e
         raise
     except AssertionError as failure:  # added here: an edit inside `check` changes every CI draw
-        if operands and isinstance(operands[0], KernelEntry):
+        if operands and callable(getattr(operands[0], "fn", None)):  # a KernelEntry or a MergeEntry
             failure.add_note(f"kernel under test: {kernel_location(operands[0])}")
         raise
     except (Unsatisfiable, FailedHealthCheck):
@@ -247,10 +251,10 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
         pytest.skip(f"the kernel refused the samples it was given (NotSupportedError): {refused[0]}")
 
 
-def kernel_location(kernel: KernelEntry) -> str:
-    """Where the kernel under test is defined: its host function for fmha's own kernels, the
-    callable given with --fmha-kernel otherwise."""
-    fn = inspect.unwrap(kernel.apply or kernel.fn)
+def kernel_location(kernel) -> str:
+    """Where the kernel (or merge) under test is defined: its host function for fmha's own
+    kernels, the callable given with --fmha-kernel otherwise."""
+    fn = inspect.unwrap(getattr(kernel, "apply", None) or kernel.fn)
     try:
         return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]} ({fn.__module__}.{fn.__qualname__})"
     except (TypeError, OSError):

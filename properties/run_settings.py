@@ -33,16 +33,12 @@ def register_profiles() -> None:
     except ImportError:
         return
     slow_draws = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    # No explain phase: the lines it names are the judge's (oracles/check.py), not the kernel's;
-    # a failing law names the kernel under test itself (properties/law.py).
-    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
-    settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws,
-                              phases=phases)
+    settings.register_profile("fmha-dev", max_examples=10, deadline=None, suppress_health_check=slow_draws)
     settings.register_profile("fmha-ci", max_examples=6, deadline=None, derandomize=True, database=None,
-                              print_blob=True, suppress_health_check=slow_draws, phases=phases)
+                              print_blob=True, suppress_health_check=slow_draws)
     settings.register_profile("fmha-nightly", max_examples=200, deadline=None, print_blob=True,
                               database=DirectoryBasedExampleDatabase(".hypothesis/nightly"),
-                              suppress_health_check=slow_draws, phases=phases)
+                              suppress_health_check=slow_draws)
     # triage: first failure, unshrunk, fast (shrinking through the CPU interpreter takes minutes).
     settings.register_profile("fmha-triage", settings.get_profile("fmha-ci"),
                               phases=[Phase.explicit, Phase.reuse, Phase.generate])
