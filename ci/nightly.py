@@ -202,8 +202,7 @@ def _compared(parser, args, gated: list) -> list:
     found = []
     for spec in args.compare:
         if spec == "installed":
-            found += [k for k in registry.default_kernels(args.fmha_device) if k.name not in registry.OURS_NAMES
-                      and not k.availability(args.fmha_device)]
+            found += registry.installed_kernels(args.fmha_device)
         else:
             try:
                 found.append(registry.resolve_kernel(spec))

@@ -18,7 +18,7 @@ import os
 import sys
 
 from fmha import dispatch
-from fmha.adapters import flex, sdpa, sdpa_paged
+from fmha.adapters import flashmla, flex, sdpa, sdpa_paged
 from fmha.contract import FULL_CONTRACT, KernelEntry, MergeEntry
 from fmha.kernels import gluon_dense, gluon_sparse, torch_merge
 from fmha.kernels.triton_utils import triton_availability
@@ -44,8 +44,12 @@ OURS = [
 
 OURS_NAMES = frozenset(e.name for e in OURS)
 
+# Other libraries' kernels, each imported only when called; unavailable (with how to get it)
+# where the library is missing. They run when selected, or compared (`--compare installed`).
+LIBRARIES = [*flashmla.ENTRIES]
+
 KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES, reference_kernel.ENTRY,
-                                                          *sdpa_paged.ENTRIES]}
+                                                          *sdpa_paged.ENTRIES, *LIBRARIES]}
 
 MERGES: dict[str, MergeEntry] = {
     m.name: m
@@ -105,6 +109,12 @@ def resolve_kernel(spec: str) -> KernelEntry:
 
 def resolve_merge(spec: str) -> MergeEntry:
     return _resolve(spec, "merge", MERGES, MergeEntry, lambda name, fn: MergeEntry(name=name, fn=fn))
+
+
+def installed_kernels(device: str) -> list[KernelEntry]:
+    """Other kernels than fmha's that run here: the defaults, and the libraries that are installed."""
+    return [e for e in default_kernels(device) + LIBRARIES if e.name not in OURS_NAMES
+            and not e.availability(device) and device in e.capabilities_on(device).devices]
 
 
 def default_kernels(device: str) -> list[KernelEntry]:

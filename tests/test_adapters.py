@@ -1,0 +1,99 @@
+"""The adapters for other libraries' kernels, on the CPU tier: each one's conventions translated,
+checked against a stand-in that follows the library's documented API (the float64 reference
+underneath, the library's conventions on top), its limits refused with reasons, and the kernel
+listed as unavailable, with how to install it, where the library is missing. On a GPU machine
+with the library built, the suite runs the real one (`--fmha-kernel flashmla`)."""
+
+import dataclasses
+import math
+import types
+
+import pytest
+import torch
+
+from fmha.adapters import flashmla
+from fmha.contract import KernelEntry, NotSupportedError, Problem
+from fmha.oracles.check import check_sample
+from fmha.oracles.reference_kernel import reference
+from fmha.oracles.sample import Sample
+
+pytestmark = pytest.mark.cpu_tier  # stand-ins on the CPU
+
+
+def _flash_mla_standin() -> types.SimpleNamespace:
+    """`flash_mla` as its interface documents it (flash_mla_interface.py, csrc/api/sparse_decode.h):
+    its limits asserted, its LSE without the sink and +inf for a row with no key, the output
+    scaled by exp(lse) / (exp(lse) + exp(sink))."""
+
+    def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                               num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False,
+                               indices=None, attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None,
+                               topk_length=None, extra_topk_length=None):
+        assert q.dtype == torch.bfloat16 and q.shape[2] in (64, 128) and q.shape[3] == 512 and head_dim_v == 512
+        assert is_fp8_kvcache and not causal and num_splits is None and indices.shape[-1] % 64 == 0
+        for cache in (k_cache, extra_k_cache):
+            assert cache is None or (cache.dtype == torch.uint8 and cache.shape[2:] == (1, 584) and cache.stride(1) == 584)
+        assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (q.shape[2],))
+        o, lse = reference(q, k_cache, k_cache, scale=softmax_scale, indices=indices, topk_len=topk_length,
+                           extra_k_cache=extra_k_cache, extra_indices=extra_indices_in_kvcache,
+                           extra_topk_len=extra_topk_length, cache_layout="dsv4-fp8",
+                           extra_cache_layout="dsv4-fp8" if extra_k_cache is not None else None)
+        if attn_sink is not None:
+            kept = torch.sigmoid(lse - attn_sink.view(1, -1, 1)).transpose(1, 2)[..., None]
+            o = (o.float() * kept).to(q.dtype)
+        return o, lse.masked_fill(torch.isneginf(lse), math.inf)
+
+    return types.SimpleNamespace(get_mla_metadata=lambda *a, **k: (object(), None),
+                                 flash_mla_with_kvcache=flash_mla_with_kvcache)
+
+
+ON_THE_CPU = dataclasses.replace(flashmla.CAPABILITIES, devices=("cpu",))
+STANDIN = KernelEntry(name="flashmla-standin", capabilities=ON_THE_CPU,
+                      fn=flashmla.sparse_decode_with(ON_THE_CPU, library=_flash_mla_standin))
+DSV4 = Problem(batch=2, q_len=2, kv_len=64, heads_q=64, heads_kv=1, head_dim=512, shared_kv=True, sink=True,
+               source="sparse", block_size=64, cache_layout="dsv4-fp8", extra_topk=64, extra_block_size=16,
+               extra_cache_layout="dsv4-fp8")
+
+
+@pytest.mark.parametrize("sample", [
+    Sample(problem=DSV4),
+    Sample(problem=DSV4.replace(sink=False, extra_topk=None, extra_block_size=None, extra_cache_layout=None)),
+    Sample(problem=DSV4, invalid=1.0),  # every index -1: FlashMLA's +inf LSE, ours the sink
+    Sample(problem=DSV4.replace(heads_q=128), topk_lens=(64, 0), extra_topk_lens=(0, 64)),
+], ids=["two-scopes-sink", "one-scope", "no-key", "hq128-topk-len"])
+def test_flashmla_conventions_are_translated(sample):
+    verdict = check_sample(STANDIN, sample, "cpu")
+    assert verdict.passed, verdict.message()
+
+
+def test_the_same_call_untranslated_fails_on_its_lse():
+    def untranslated(q, k, v, *, out=None, **call):
+        o, lse = _flash_mla_standin().flash_mla_with_kvcache(
+            q, k, None, None, 512, None, softmax_scale=call.get("scale"), is_fp8_kvcache=True, indices=call["indices"],
+            attn_sink=call.get("sink"), extra_k_cache=call.get("extra_k_cache"),
+            extra_indices_in_kvcache=call.get("extra_indices"))
+        return (out.copy_(o) if out is not None else o), lse
+
+    raw = KernelEntry(name="flashmla-untranslated", capabilities=ON_THE_CPU, fn=untranslated)
+    verdict = check_sample(raw, Sample(problem=DSV4), "cpu")
+    assert not verdict.passed and verdict.failures[0].startswith("lse: "), verdict.message()
+
+
+@pytest.mark.parametrize("problem, reason", [
+    (DSV4.replace(heads_q=16), "Hq=16: FlashMLA's sparse decode has kernels for Hq 64 and 128 only"),
+    (DSV4.replace(kv_len=96), "top-k 96: FlashMLA's main scope reads indices in blocks of 64"),
+    (DSV4.replace(extra_cache_layout=None), "a bf16 cache: FlashMLA's sparse decode reads dsv4-fp8 caches only"),
+    (DSV4.replace(extra_cache_layout="dsv4-fp4"), "no dsv4-fp4 cache"),
+])
+def test_flashmlas_limits_are_refused_with_the_reason(problem, reason):
+    call = Sample(problem=problem).inputs("cpu")
+    with pytest.raises(NotSupportedError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        STANDIN(call.q, call.k, call.v, **call.kwargs())
+
+
+def test_without_the_library_the_kernel_is_listed_with_how_to_get_it():
+    (entry,) = flashmla.ENTRIES
+    if flashmla.importlib.util.find_spec("flash_mla") is not None:
+        pytest.skip("flash_mla is installed here")
+    assert entry.not_supported_reasons(DSV4, "cuda") == [flashmla.INSTALL]
+    assert "build deepseek-ai/FlashMLA from source" in flashmla.INSTALL
