@@ -105,8 +105,7 @@ def pytest_configure(config):
         if config.getoption("--fmha-cases"):
             from fmha.regressions import traps
 
-            for directory in config.getoption("--fmha-cases"):
-                traps.load_directory(str(config.invocation_params.dir / directory))
+            traps.load_directories(str(config.invocation_params.dir / d) for d in config.getoption("--fmha-cases"))
         if config.getoption("--fmha-kernel") or config.getoption("--fmha-merge"):
             _selection(config)  # a bad name is a usage error now, not a collection error later
     except ValueError as e:

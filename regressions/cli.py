@@ -39,8 +39,7 @@ def _matrix(args) -> int:
     device = args.fmha_device or ("cuda" if torch.cuda.is_available() else "cpu")
     kernels = registry.selected_kernels(args.fmha_kernel, device)
     try:
-        for directory in args.fmha_cases:
-            traps.load_directory(directory)
+        traps.load_directories(args.fmha_cases)
     except ValueError as e:
         print(f"regressions matrix: {e}", file=sys.stderr)
         return 2

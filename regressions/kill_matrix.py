@@ -31,7 +31,7 @@ from fmha.tables import Table
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.mutation import Mutant
 from fmha.regressions.trap import Trap, check_case
-from fmha.regressions.traps import MUTANTS, TRAP_FILES, TRAPS, load_directory
+from fmha.regressions.traps import MUTANTS, TRAP_FILES, TRAPS, load_directories
 
 # Every row computed for fmha's own mutants, keyed by what it depends on (row_key): shipped
 # with the package, so a run anywhere recomputes only what changed.
@@ -138,11 +138,6 @@ def row_key(name: str, law_examples: int) -> str:
     return digest.hexdigest()[:16]
 
 
-def _load_cases(directories: tuple[str, ...]) -> None:
-    for directory in directories:
-        load_directory(directory)
-
-
 def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = None, progress=print,
           cases_dirs: tuple[str, ...] = ()) -> list[Row]:
     """One row per mutant, reusing rows in `cache` whose key still matches (the cache is
@@ -154,7 +149,7 @@ def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = No
     progress(f"{len(stale)} row(s) to compute, {len(MUTANTS) - len(stale)} reused")
     start = time.perf_counter()
     jobs = min(jobs, len(stale))
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_load_cases,
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=load_directories,
                              initargs=(tuple(cases_dirs),)) if jobs > 1 else nullcontext() as pool:
         computing = (pool.map if pool else map)(mutant_row, stale, [device] * len(stale), [law_examples] * len(stale))
         for done, row in enumerate(computing, 1):  # each row as it comes: a fresh matrix takes minutes

@@ -47,6 +47,11 @@ TRAPS, MUTANTS, TRAP_FILES = _load()
 USER_TRAPS: list[str] = []  # ids of the traps load_directory() added, in its order
 
 
+def load_directories(directories) -> list[str]:
+    """load_directory for each of `directories` (--fmha-cases DIR ...)."""
+    return [trap_id for directory in directories for trap_id in load_directory(directory)]
+
+
 def load_directory(directory: str) -> list[str]:
     """Add the trap modules of `directory` (a kernel author's own named cases, written there
     by `python -m fmha.regressions new ID --dir DIR`) to the library; return their ids."""
