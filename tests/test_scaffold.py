@@ -78,3 +78,13 @@ def test_outside_fmhas_checkout_it_writes_into_the_current_repository(tmp_path, 
     assert (tmp_path / "fmha_cases" / "window_edge.py").exists()
     printed = capsys.readouterr().out
     assert "pytest --pyargs fmha --fmha-cases fmha_cases -k window-edge --fmha-kernel my_attn:fwd" in printed, printed
+
+
+def test_a_bad_cases_directory_is_refused_naming_it(tmp_path):
+    from fmha.regressions.traps import load_directory
+
+    with pytest.raises(ValueError, match="--fmha-cases .*missing: expected a directory of trap modules"):
+        load_directory(str(tmp_path / "missing"))
+    (tmp_path / "broken.py").write_text("import no_such_module\n")
+    with pytest.raises(ValueError, match=r"broken.py does not import: ModuleNotFoundError"):
+        load_directory(str(tmp_path))
