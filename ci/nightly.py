@@ -118,6 +118,20 @@ class KernelTally:
         return bool(self.below or self.errors)
 
     @property
+    def by_config(self) -> dict[str, list[dict]]:
+        """Its runs per grid config (layouts, distributions and seeds)."""
+        found = defaultdict(list)
+        for r in self.runs:
+            found[r["config"]].append(r)
+        return found
+
+    @property
+    def failing_by_config(self) -> dict[str, list[dict]]:
+        """The runs below the gate or that raised, per config that has any."""
+        failing = {id(r) for r in self.below + self.errors}
+        return {c: bad for c, runs in self.by_config.items() if (bad := [r for r in runs if id(r) in failing])}
+
+    @property
     def configs(self) -> set[str]:
         return {r["config"] for r in self.runs}
 
@@ -208,11 +222,7 @@ def _compared(parser, args, gated: list) -> list:
                 found.append(registry.resolve_kernel(spec))
             except ValueError as e:
                 parser.error(str(e).replace("--fmha-kernel", "--compare"))
-    unique = {}
-    for k in found:
-        if k.name not in names:
-            unique.setdefault(k.name, k)
-    return list(unique.values())
+    return list({k.name: k for k in found if k.name not in names}.values())
 
 
 def main(argv=None) -> int:
@@ -243,8 +253,9 @@ def main(argv=None) -> int:
     seeds = args.seeds or (1 if args.fmha_device == "cpu" else 3)
 
     records = run_gate(kernels, args.fmha_device, seeds, cases(configs, sparse))
+    gated_names = {k.name for k in gated}
     for r in records:
-        r["gated"] = r["kernel"] in {k.name for k in gated}
+        r["gated"] = r["kernel"] in gated_names
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     previous = json.loads(results_path.read_text())["records"] if results_path.exists() else None

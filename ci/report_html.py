@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -143,11 +143,8 @@ def read_history(path: Path) -> list[dict]:
 
 
 def _failing_configs(t, gate: float) -> list[dict]:
-    by_config = defaultdict(list)
-    for r in t.below + t.errors:
-        by_config[r["config"]].append(r)
     rows = []
-    for config, runs in by_config.items():
+    for config, runs in t.failing_by_config.items():
         raised = [r for r in runs if "error" in r]
         worst = max((_gap(r) for r in runs if "cos" in r), default=None)
         rows.append(dict(config=config, runs=len(runs), sort=1.0 if raised else worst,
@@ -203,14 +200,12 @@ def junit(tallies: dict, gate: float) -> str:
     gate are its test case's output, not a failure: they never fail the gate."""
     suites = ET.Element("testsuites", name="fmha nightly gate")
     for name, t in tallies.items():
-        by_config = defaultdict(list)
-        for r in t.runs:
-            by_config[r["config"]].append(r)
+        by_config, failing = t.by_config, t.failing_by_config
         suite = ET.SubElement(suites, "testsuite", name=name, tests=str(len(by_config)))
         counts = Counter()
         for config, runs in by_config.items():
             case = ET.SubElement(suite, "testcase", classname=f"nightly.{name}", name=config)
-            bad = [r for r in runs if "error" in r or ("cos" in r and not r["passed"])]
+            bad = failing.get(config, [])
             text = "\n".join(f"{r['case']} {r['distribution']} seed {r['seed']}: "
                              + (f"raised {r['error']}" if "error" in r else f"cos {r['cos']:.7f} < {gate}")
                              for r in bad)

@@ -121,8 +121,9 @@ def measure(
     bad = nonfinite_mask | unwritten
     # Agreement figures are over the rest: bad elements are counted (and reported) apart,
     # never averaged in as zeros (a cosine of 0.98 "from" 64 NaNs reads as a precision bug).
-    x = torch.where(bad, torch.zeros_like(x), x)
-    O = torch.where(bad, torch.zeros_like(O), O)
+    if bad.any():
+        x = torch.where(bad, torch.zeros_like(x), x)
+        O = torch.where(bad, torch.zeros_like(O), O)
     # GPU kernels flush subnormal results to zero (Triton's exp2 and fp32 arithmetic run
     # flush-to-zero): an exact value below the dtype's smallest normal returned as 0 counts as
     # exact (H200, bf16, a sink taking all but 1e-40 of the weight: every kernel returned 0,

@@ -23,6 +23,22 @@ from fmha import registry
 from fmha.regressions.scaffold import TRAPS_DIR
 
 
+# regressions/traps -> the repository, where fmha runs from its checkout (editable install)
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.realpath(TRAPS_DIR)))
+
+
+def _in_checkout() -> bool:
+    """Run inside fmha's own repository, not a kernel author's (nor fmha in site-packages)."""
+    here = os.path.realpath(os.getcwd()) + os.sep
+    return os.path.exists(os.path.join(CHECKOUT, "pyproject.toml")) and here.startswith(CHECKOUT + os.sep)
+
+
+def _default_cases_dir() -> str:
+    """fmha's own trap library in fmha's checkout; anywhere else ./fmha_cases, never the
+    installed package."""
+    return TRAPS_DIR if _in_checkout() else "fmha_cases"
+
+
 def _list(_args) -> int:
     from fmha.regressions.traps import MUTANTS, TRAPS
     for trap in TRAPS.values():
@@ -48,7 +64,7 @@ def _matrix(args) -> int:
     # own rows beside OUT; in fmha's checkout ROWS itself is kept up to date.
     cache_path = kill_matrix.ROWS if _in_checkout() else os.path.splitext(args.out)[0] + ".json"
     cache = {}
-    for path in {kill_matrix.ROWS, cache_path}:
+    for path in dict.fromkeys((kill_matrix.ROWS, cache_path)):  # the package's rows, then this run's own
         if not args.fresh and os.path.exists(path):
             cache.update(json.loads(Path(path).read_text()))
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -95,22 +111,6 @@ def _new(args) -> int:
                      "file), its cases are a failure of the suite")
     print("\n".join(lines))
     return 0
-
-
-# regressions/traps -> the repository, where fmha runs from its checkout (editable install)
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.realpath(TRAPS_DIR)))
-
-
-def _in_checkout() -> bool:
-    """Run inside fmha's own repository, not a kernel author's (nor fmha in site-packages)."""
-    here = os.path.realpath(os.getcwd()) + os.sep
-    return os.path.exists(os.path.join(CHECKOUT, "pyproject.toml")) and here.startswith(CHECKOUT + os.sep)
-
-
-def _default_cases_dir() -> str:
-    """fmha's own trap library in fmha's checkout; anywhere else ./fmha_cases, never the
-    installed package."""
-    return TRAPS_DIR if _in_checkout() else "fmha_cases"
 
 
 def main(argv=None) -> int:
