@@ -26,8 +26,9 @@ def declared(c: Capabilities) -> str:
         parts.append(f"head dims {dims[0]}-{dims[-1]} in steps of {steps.pop()}" if len(dims) > 4 and len(steps) == 1
                      else f"head dims {', '.join(map(str, dims))}")
     parts.append(f"features {', '.join(sorted(c.features)) or 'none'}")
-    for name, value in (("requires", ", ".join(sorted(c.requires))), ("block sizes", c.block_sizes),
-                        ("max top-k", c.max_topk), ("cache layouts", ", ".join(sorted(c.cache_layouts))),
+    for name, value in (("requires", ", ".join(sorted(c.requires))), ("Hq", c.heads_q), ("block sizes", c.block_sizes),
+                        ("max top-k", c.max_topk), ("top-k a multiple of", c.topk_multiple_of > 1 and c.topk_multiple_of),
+                        ("cache layouts", ", ".join(sorted(c.cache_layouts)) + ("" if c.unquantized_caches else " only")),
                         ("max T", c.max_q_len), ("max S", c.max_kv_len), ("promises", ", ".join(sorted(c.promises)))):
         if value:
             parts.append(f"{name} {value}")

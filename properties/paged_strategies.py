@@ -118,21 +118,24 @@ def _block_size(draw, block_sizes, keys: int) -> int:
 def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool, needed_layout: str | None):
     """DeepSeek-V4's call: K = V, no mask (the indices decide), top-k keys per query row."""
     layouts = sorted(caps.cache_layouts)
-    layout = draw(st.sampled_from([None, *layouts])) if layouts else None
+    plain = [None] if caps.unquantized_caches else []  # a cache in q's dtype
+    layout = draw(st.sampled_from([*plain, *layouts])) if layouts else None
     layout = needed_layout or layout
-    # The capabilities `problems` draws the dense part from: no mask; FlashMLA's head dim and
-    # dtype for a quantized cache.
+    # The capabilities `problems` draws the dense part from: no mask, top-k (its kv_len) in
+    # the kernel's multiple; FlashMLA's head dim and dtype for a quantized cache.
     dense = dataclasses.replace(caps, requires=caps.requires - {"causal", "window"},
-                        features=caps.features - {"causal", "window"}, max_kv_len=min(caps.max_topk or MAX_TOPK, MAX_TOPK))
+                                features=caps.features - {"causal", "window"}, kv_len_multiple_of=caps.topk_multiple_of,
+                                max_kv_len=min(caps.max_topk or MAX_TOPK, MAX_TOPK))
     if layout is not None:
         dense = dataclasses.replace(dense, head_dims=(512,), dtypes=(torch.bfloat16,))
     problem = draw(problems(dense, device, max_kv_len=dense.max_kv_len))
     extra = two_scopes or ("two_scopes" in caps.sources and draw(st.booleans()))
-    extra_layout = draw(st.sampled_from([None, *layouts])) if extra and layout else None
+    extra_layout = draw(st.sampled_from([*plain, *layouts])) if extra and layout else None
+    step = caps.topk_multiple_of
     problem = problem.replace(
         source="sparse", block_size=block_size, shared_kv=True, head_dim_v=problem.head_dim, cache_layout=layout,
         heads_kv=1 if layout else problem.heads_kv,
-        extra_topk=draw(st.integers(1, 1024)) if extra else None,
+        extra_topk=-(-draw(st.integers(1, 1024)) // step) * step if extra else None,
         extra_block_size=draw(st.sampled_from(block_sizes)) if extra else None, extra_cache_layout=extra_layout)
     # The budget counts both scopes' keys, and every query row's own (the oracle gathers
     # batch * q_len * keys of them): a smaller batch, then fewer queries.

@@ -113,6 +113,11 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
     # The kernel's shape relations, then the budget: fewer queries or a smaller batch, then
     # fewer keys.
     heads_q = heads_kv * group
+    if caps.heads_q is not None:  # a kernel built for some query head counts: one of them, grouped as it allows
+        heads_q = draw(st.sampled_from(caps.heads_q))
+        kv_heads = [h for h in range(1, heads_q + 1) if heads_q % h == 0 and h <= 4 and (
+            h < heads_q if needs_groups else "gqa" in features or h == heads_q)]
+        heads_kv = draw(st.sampled_from(kv_heads or [heads_q]))
     q_step, kv_step = caps.q_len_multiple_of, caps.kv_len_multiple_of
     kv_len = _round_up(kv_len, kv_step)
     q_len = kv_len if caps.q_len_equals_kv_len else _round_up(q_len, q_step)

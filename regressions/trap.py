@@ -68,15 +68,18 @@ def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> 
 
     A dense case runs as it is or not at all. A paged or sparse case the kernel cannot run is
     re-laid inside its capabilities (its block sizes, with each request's pages, full and
-    partial, kept; Dv = D; a head dim it has; Hkv = Hq): the first layout on which one of the
-    trap's `mutants` (kernels with the bug the case exists for) still fails keeps the case's
-    point. Where none does, the point cannot be expressed for this kernel, and that is the skip."""
+    partial, kept; Dv = D; a head dim it has; Hkv = Hq; a query head count it has; one query
+    row for a decode kernel; each top-k padded to its step, the rows still reading the keys
+    they read; a quantized cache it reads for one it does not): the first layout on which one
+    of the trap's `mutants` (kernels with the bug the case exists for) still fails keeps the
+    case's point. Where none does, the point cannot be expressed for this kernel, and that is
+    the skip."""
     reasons = kernel.not_supported_reasons(case.problem, device)
     if not reasons:
         return case, ""
     caps = kernel.capabilities_on(device)
     if (case.problem.source == "dense" or kernel.availability(device) or not case.problem.sources <= caps.sources
-            or not case.problem.cache_layouts <= caps.cache_layouts):
+            or (case.problem.cache_layouts and not caps.cache_layouts)):
         return None, "; ".join(reasons)  # what it reads, the kernel does not: nothing to re-lay
     tried = [c for c in _layouts(case, kernel.capabilities_on(device)) if not kernel.not_supported_reasons(c.problem, device)]
     if not tried:
@@ -105,23 +108,52 @@ def _layouts(case: Sample, caps) -> list[Sample]:
     block_sizes = [p.block_size] if caps.block_sizes is None or p.block_size in caps.block_sizes else list(caps.block_sizes)
     extra_sizes = [p.extra_block_size] if (p.extra_block_size is None or caps.block_sizes is None
                                            or p.extra_block_size in caps.block_sizes) else list(caps.block_sizes)
+    heads = [p.heads_q] if caps.heads_q is None or p.heads_q in caps.heads_q else sorted(
+        caps.heads_q, key=lambda h: abs(h - p.heads_q))[:1]
+    caches = [_cache_layouts(p, caps)] if p.cache_layouts else [{}]
     candidates = []
-    for head_dim, block_size, extra_size in itertools.product(head_dims, block_sizes, extra_sizes):
-        changes = dict(head_dim=head_dim, block_size=block_size, extra_block_size=extra_size)
+    for head_dim, block_size, extra_size, heads_q, cache in itertools.product(
+            head_dims, block_sizes, extra_sizes, heads, caches):
+        changes = dict(head_dim=head_dim, block_size=block_size, extra_block_size=extra_size, **cache)
         if not caps.split_head_dim_v or p.shared_kv:
             changes["head_dim_v"] = head_dim
         elif dims is not None and p.head_dim_v not in dims:
             changes["head_dim_v"] = head_dim
+        if heads_q != p.heads_q:  # the same grouping where it divides, else one KV head (MQA)
+            changes |= dict(heads_q=heads_q, heads_kv=1 if p.heads_kv == 1 or heads_q % p.group else heads_q // p.group)
         if "gqa" not in caps.features:
-            changes["heads_kv"] = p.heads_q
+            changes["heads_kv"] = heads_q
+        if caps.max_q_len is not None and p.q_len > caps.max_q_len and not p.ragged:  # a decode kernel: its rows
+            changes["q_len"] = caps.max_q_len
         if p.source == "paged" and block_size != p.block_size:  # each request's pages, full and partial, kept
             changes |= dict(kv_lens=tuple(_same_pages(n, p.block_size, block_size) for n in case.kv_lens)
                             if case.kv_lens else None, kv_len=_same_pages(p.kv_len, p.block_size, block_size))
-        try:
-            candidates.append(case.replace(**changes))
-        except ValueError:  # a layout the contract has no call for
-            continue
+        for topk in _padded_topks(case, caps.topk_multiple_of):
+            try:
+                candidates.append(case.replace(**changes, **topk))
+            except ValueError:  # a layout the contract has no call for
+                continue
     return candidates
+
+
+def _cache_layouts(p, caps) -> dict:
+    """A quantized cache the kernel does not read becomes one it does (the first of its layouts)."""
+    return {name: layout if layout is None or layout in caps.cache_layouts else sorted(caps.cache_layouts)[0]
+            for name, layout in (("cache_layout", p.cache_layout), ("extra_cache_layout", p.extra_cache_layout))}
+
+
+def _padded_topks(case: Sample, multiple: int) -> list[dict]:
+    """A sparse case's top-k (of each scope) padded up to `multiple`: first with topk_len
+    saying each row reads the keys it read (the padding unread), then padded and all read."""
+    p = case.problem
+    if p.source != "sparse" or multiple == 1 or not (p.kv_len % multiple or (p.extra_topk or 0) % multiple):
+        return [{}]
+    pad = lambda k: -(-k // multiple) * multiple  # noqa: E731
+    padded = dict(kv_len=pad(p.kv_len), extra_topk=pad(p.extra_topk) if p.extra_topk else None)
+    unread = dict(topk_lens=case.topk_lens or (p.kv_len,) * p.batch)
+    if p.extra_topk:
+        unread["extra_topk_lens"] = case.extra_topk_lens or (p.extra_topk,) * p.batch
+    return [padded | unread, padded]
 
 
 def _same_pages(keys: int, old: int, new: int) -> int:

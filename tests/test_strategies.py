@@ -8,6 +8,7 @@ from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
 from fmha.contract import FULL_CONTRACT
+from fmha.properties.paged_strategies import paged_samples
 from fmha.properties.strategies import problems
 
 ORACLE_ELEMENTS = {"cpu": 2**26, "cuda": 2**27}
@@ -37,3 +38,17 @@ def test_a_drawn_problem_fits_the_oracle_in_memory(device, caps, data):
     assert elements <= ORACLE_ELEMENTS[device], (
         f"{p!r}: the oracle holds {elements * 8 / 2**30:.2f} GiB in one float64 tensor on {device}, "
         f"over {ORACLE_ELEMENTS[device] * 8 / 2**30:.1f} GiB")
+
+
+# FlashMLA's limits: two head counts, each scope's top-k a multiple of 64, quantized caches only.
+BUILT_FOR_SOME_SHAPES = dataclasses.replace(
+    FULL_CONTRACT, sources=frozenset({"sparse", "two_scopes"}), heads_q=(64, 128), topk_multiple_of=64,
+    cache_layouts=frozenset({"dsv4-fp8"}), unquantized_caches=False, head_dims=(512,))
+
+
+@settings(max_examples=40, derandomize=True, database=None, deadline=None)
+@given(sample=paged_samples(BUILT_FOR_SOME_SHAPES, "cuda"))
+def test_draws_stay_inside_a_kernels_head_counts_top_k_step_and_cache_layouts(sample):
+    p = sample.problem
+    assert p.heads_q in (64, 128) and p.kv_len % 64 == 0 and (p.extra_topk or 0) % 64 == 0, p
+    assert p.cache_layout == "dsv4-fp8" and p.extra_cache_layout in (None, "dsv4-fp8") and not p.unquantized_caches, p

@@ -13,17 +13,24 @@ What the adapter translates (read from FlashMLA's `flash_mla_interface.py` and
   scope with its own cache, indices and lengths; the sink one float32 logit per query head;
 - its LSE leaves the sink out (it scales the output by exp(lse) / (exp(lse) + exp(sink))
   instead) and is +inf for a row with no key: `conventions.lse_from_sink_excluded`;
-- its limits, refused with a NotSupportedError naming each: Hq 64 or 128, one KV head, head
-  dim 512 for K and V (K = V), FP8 caches in both scopes (no bf16 or FP4 sparse decode), a
-  main top-k that is a multiple of 64; bf16 q and o.
+- its limits, declared as capabilities (a call outside them is a NotSupportedError naming
+  each; the named cases are re-laid inside them): Hq 64 or 128, one KV head, head dim 512
+  for K and V (K = V), FP8 caches in both scopes (no bf16 or FP4 sparse decode), each
+  scope's top-k a multiple of 64; bf16 q and o.
 
-On an H200 with FlashMLA 9241ae3 built (2026-12-03, `pytest -n 8 regressions/test_traps.py
-properties/test_laws.py --fmha-kernel flashmla --fmha-device cuda`): 12 passed, 150 skipped, 9
-failed. The skips: the named sparse cases are drawn with Hq 8 and top-k under 64, which it
-refuses (they are not yet re-laid within its limits). The failures are one draw, keys scaled by
-2^96 (ue8m0 scales toward the top of their range): 17408 NaN outputs where the oracle is
-finite; and two laws whose draws left the CUDA context unusable (an illegal memory access, not
-yet reduced to a reproducer).
+Verified on an H200 (FlashMLA 9241ae3 built with its SM90 decode kernels, torch 2.11,
+2026-12-03), `python -m fmha.ci.verify --fmha-kernel flashmla --fmha-device cuda`, rc 0:
+- named cases: all 14 that express DSV4 sparse decode run (none skips): re-laid inside its
+  limits (Hq 64, top-k padded to 64 with topk_len keeping the rows' keys, the FP4 second scope
+  as FP8), each still failing on its trap's mutant. 13 pass; `large-key-scales` fails, a
+  finding recorded in the ledger: NaN where the oracle is finite once the keys' scales reach
+  2^32 (2^20 with large logits). The 115 dense and paged named cases skip with its reasons;
+- laws: 10 pass, 18 skip (dense and paged laws, the FP4 law), 0 fail;
+- agreement: the 396 dense feature cases skip (it reads keys through indices only).
+FlashMLA checks that a page's token rows are contiguous, not that pages are 16-byte aligned:
+a cache with its pages packed together (off the layout, which pads them to 576 bytes; one of
+fmha's laws built one) faults with a misaligned address. The contract's validation refuses
+such a cache by name before any kernel sees it.
 """
 
 from __future__ import annotations
@@ -35,35 +42,23 @@ import importlib.util
 import torch
 
 from fmha.adapters.conventions import lse_from_sink_excluded
-from fmha.contract import Capabilities, KernelEntry, NotSupportedError, check_attention_args
+from fmha.contract import Capabilities, KernelEntry, check_attention_args
 
-HEADS_Q = (64, 128)
-TOPK_MULTIPLE = 64
 INSTALL = ("FlashMLA is not installed (no wheel): build deepseek-ai/FlashMLA from source on a Hopper machine "
            "with nvcc, so that `import flash_mla` works")
 
 CAPABILITIES = Capabilities(
-    head_dims=(512,), dtypes=(torch.bfloat16,), devices=("cuda",),
+    head_dims=(512,), dtypes=(torch.bfloat16,), devices=("cuda",), heads_q=(64, 128),
     features=frozenset({"sink", "lse", "gqa", "shared_kv", "out"}), requires=frozenset({"shared_kv"}),
-    split_head_dim_v=False, sources=frozenset({"sparse", "two_scopes"}), cache_layouts=frozenset({"dsv4-fp8"}),
+    split_head_dim_v=False, sources=frozenset({"sparse", "two_scopes"}), topk_multiple_of=64,
+    cache_layouts=frozenset({"dsv4-fp8"}), unquantized_caches=False,
     notes={"dense": "FlashMLA's sparse decode reads keys through indices only",
            "paged": "FlashMLA's sparse decode reads keys through indices only",
            "causal": "the indices alone decide which keys a row sees", "window": "the indices decide",
-           "split_head_dim_v": "K = V, head dim 512", "cache_layout": "FP8 caches only, in both scopes"},
+           "split_head_dim_v": "K = V, head dim 512", "heads_q": "its sparse decode has kernels for Hq 64 and 128",
+           "topk_multiple_of": "it reads each scope's indices in blocks of 64",
+           "cache_layout": "FP8 caches only, in both scopes (no bf16 or FP4 sparse decode)"},
 )
-
-
-def refusals(q: torch.Tensor, indices: torch.Tensor, cache_layout, extra_k_cache, extra_cache_layout) -> list[str]:
-    """FlashMLA's limits the contract's capabilities cannot say (they refuse FP4 caches), each
-    with its reason."""
-    found = []
-    if q.shape[-2] not in HEADS_Q:
-        found.append(f"Hq={q.shape[-2]}: FlashMLA's sparse decode has kernels for Hq 64 and 128 only")
-    if indices.shape[-1] % TOPK_MULTIPLE:
-        found.append(f"top-k {indices.shape[-1]}: FlashMLA's main scope reads indices in blocks of {TOPK_MULTIPLE}")
-    if cache_layout is None or (extra_k_cache is not None and extra_cache_layout is None):
-        found.append("a bf16 cache: FlashMLA's sparse decode reads dsv4-fp8 caches only")
-    return found
 
 
 def sparse_decode_with(capabilities: Capabilities, library=lambda: importlib.import_module("flash_mla")):
@@ -76,9 +71,6 @@ def sparse_decode_with(capabilities: Capabilities, library=lambda: importlib.imp
                              indices=indices, topk_len=topk_len, extra_k_cache=extra_k_cache,
                              extra_indices=extra_indices, extra_topk_len=extra_topk_len, cache_layout=cache_layout,
                              extra_cache_layout=extra_cache_layout, capabilities=capabilities)
-        refused = refusals(q, indices, cache_layout, extra_k_cache, extra_cache_layout)
-        if refused:
-            raise NotSupportedError("; ".join(refused))
         flash_mla = library()
         schedule, _ = flash_mla.get_mla_metadata()
         o, lse = flash_mla.flash_mla_with_kvcache(

@@ -39,6 +39,7 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu", "cuda")
     features: frozenset[str] = frozenset(FEATURES)
     requires: frozenset[str] = frozenset()  # features every call must use: {"causal"} for a causal-only kernel
+    heads_q: tuple[int, ...] | None = None  # the query head counts it has kernels for; None: any
     max_q_len: int | None = None
     max_kv_len: int | None = None
     q_len_equals_kv_len: bool = False  # T = S (square prefill only)
@@ -56,12 +57,14 @@ class Capabilities:
     sources: frozenset[str] = frozenset({"dense"})
     block_sizes: tuple[int, ...] | None = None
     max_topk: int | None = None
+    topk_multiple_of: int = 1  # each scope's top-k (the indices' last dim) a multiple of this
     cache_layouts: frozenset[str] = frozenset()
+    unquantized_caches: bool = True  # paged and sparse caches in q's dtype; False: only `cache_layouts`
     # Why a feature or limit is missing, e.g. {"lse": "SDPA's public API returns no LSE"}; keys
     # are the feature names and "device", "dtype", "head_dim", "head_dim_v", "requires",
     # "max_q_len", "max_kv_len", "q_len_equals_kv_len", "q_len_multiple_of",
     # "kv_len_multiple_of", "empty_rows", "q_len_at_most_kv_len", "empty_query_requests",
-    # "block_size", "max_topk", "cache_layout".
+    # "heads_q", "block_size", "max_topk", "topk_multiple_of", "cache_layout".
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -70,6 +73,11 @@ class Capabilities:
             unknown = set(getattr(self, name)) - set(known)
             if unknown:
                 raise ValueError(f"{name}: unknown {sorted(unknown)}; expected among {', '.join(known)}")
+        if self.topk_multiple_of < 1 or (self.heads_q is not None and not self.heads_q):
+            raise ValueError(f"topk_multiple_of, heads_q: expected >= 1 and a non-empty tuple, got "
+                             f"{self.topk_multiple_of}, {self.heads_q}")
+        if not self.unquantized_caches and not self.cache_layouts:
+            raise ValueError("unquantized_caches=False: name the cache_layouts the kernel reads")
         if not self.requires <= self.features:
             raise ValueError(f"requires: {sorted(self.requires - self.features)} not among the features")
         if isinstance(self.head_dims, Mapping) and set(self.head_dims) - set(self.dtypes):
@@ -102,6 +110,8 @@ class Capabilities:
             reasons += self._head_dim_reasons(problem, dtype)
         if not self.split_head_dim_v and problem.head_dim_v != problem.head_dim:
             reasons.append(self._why("head_dim_v", f"needs Dv == D, got D={problem.head_dim}, Dv={problem.head_dim_v}"))
+        if self.heads_q is not None and problem.heads_q not in self.heads_q:
+            reasons.append(self._why("heads_q", f"Hq={problem.heads_q} unsupported (supports {_span(self.heads_q)})"))
         for feature in sorted(problem.features | frozenset(needs)):
             if feature not in self.features:
                 reasons.append(self._why(feature, f"no {feature} support"))
@@ -141,9 +151,16 @@ class Capabilities:
         topks += [problem.extra_topk] if problem.extra_topk is not None else []
         if self.max_topk is not None and any(k > self.max_topk for k in topks):
             reasons.append(self._why("max_topk", f"top-k {max(topks)} > max {self.max_topk}"))
+        off = [str(k) for k in topks if k % self.topk_multiple_of]
+        if off:
+            reasons.append(self._why("topk_multiple_of", f"top-k {', '.join(off)} not a multiple of "
+                                                         f"{self.topk_multiple_of}"))
         missing = sorted(problem.cache_layouts - self.cache_layouts)
         if missing:
             reasons.append(self._why("cache_layout", f"no {', '.join(missing)} cache"))
+        if not self.unquantized_caches and problem.unquantized_caches:
+            reasons.append(self._why("cache_layout", f"no cache in {DTYPE_NAMES[problem.dtype]} (reads "
+                                                     f"{', '.join(sorted(self.cache_layouts))} caches only)"))
         return reasons
 
     def _head_dim_reasons(self, problem: Problem, dtype: str) -> list[str]:

@@ -129,6 +129,12 @@ class Problem:
         return frozenset(layout for layout in (self.cache_layout, self.extra_cache_layout) if layout is not None)
 
     @property
+    def unquantized_caches(self) -> bool:
+        """A paged or sparse cache (of either scope) is in q's dtype."""
+        return self.source != "dense" and (self.cache_layout is None or (
+            self.extra_topk is not None and self.extra_cache_layout is None))
+
+    @property
     def has_empty_rows(self) -> bool:
         """Some query row sees no key: masked and T > S (row i sits at S - T + i < 0), or a
         request's row that sees none of its keys (rows_without_keys)."""
