@@ -32,10 +32,12 @@ def _run(kernel, x: Inputs, **changes):
 
 def _reordered(cache: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     """The cache with physical page `inverse[i]` moved to position i (a quantized byte view
-    page by page, its bytes as they are)."""
+    page by page, its bytes as they are, each page padded as the layout pads it)."""
     if cache.dtype != torch.uint8:
         return cache[inverse].contiguous()
-    return pages_of(cache)[inverse].contiguous().view(cache.shape)
+    moved = torch.zeros(cache.shape[0], cache.stride(0), dtype=torch.uint8, device=cache.device)
+    moved[:, :cache.shape[1] * cache.shape[3]] = pages_of(cache)[inverse]
+    return moved.as_strided(cache.shape, cache.stride())
 
 
 def _moved_slots(indices: torch.Tensor, perm: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -87,12 +89,13 @@ def an_invalid_index_equals_its_absence(kernel, sample: Sample, device):
     nothing."""
     assume(sample.problem.source == "sparse")
     x = sample.inputs(device)
+    step = kernel.capabilities_on(device).topk_multiple_of  # a top-k the kernel takes: 3 more, or one step
     padded = {}
     for name, lengths in (("indices", "topk_len"), ("extra_indices", "extra_topk_len")):
         indices = x.source_args.get(name)
         if indices is None:
             continue
-        pad = torch.full((*indices.shape[:2], 3), -1, dtype=torch.int32, device=device)
+        pad = torch.full((*indices.shape[:2], 3 if step == 1 else step), -1, dtype=torch.int32, device=device)
         padded[name] = torch.cat([indices, pad], dim=-1)
         if lengths in x.source_args:  # entries past topk_len are never read: -1 there too
             past = torch.arange(padded[name].shape[-1], device=device) >= x.source_args[lengths].view(-1, 1, 1)

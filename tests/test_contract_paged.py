@@ -125,3 +125,24 @@ def test_a_kernel_that_declares_no_source_refuses_paged_and_sparse_calls_with_re
     caps = Capabilities(sources=frozenset({"dense", "sparse"}), max_topk=4, cache_layouts=frozenset())
     with pytest.raises(NotSupportedError, match=re.escape("top-k 6 > max 4; no dsv4-fp8 cache")):
         check_attention_args(q, cache, cache, capabilities=caps, **kw)
+
+
+def test_a_quantized_cache_keeps_its_pages_padded():
+    """The layout pads each page to a multiple of 576 bytes; a cache whose block stride is not
+    (a copy that packed the pages together) is refused, naming the stride it needs: kernels
+    load a page's rows 16 bytes at a time from its start."""
+    q, cache, kw = _sparse()
+    packed = torch.zeros(cache.shape[0], cache.shape[1] * 584, dtype=torch.uint8).view(cache.shape)
+    _refused("k: a dsv4-fp8 page of 64 tokens takes 37440 bytes (padded to a multiple of 576), so the block stride "
+             "is a multiple of 576 of at least that; got 37376", q, packed, packed, **kw)
+
+
+def test_a_kernel_built_for_some_head_counts_and_top_k_steps_says_so():
+    q, cache, kw = _sparse(Hq=4)  # top-k 6
+    caps = Capabilities(sources=frozenset({"dense", "sparse"}), heads_q=(64, 128), topk_multiple_of=64,
+                        cache_layouts=frozenset({"dsv4-fp8"}), unquantized_caches=False)
+    with pytest.raises(NotSupportedError, match=re.escape("Hq=4 unsupported (supports [64, 128]); top-k 6 not a "
+                                                          "multiple of 64")):
+        check_attention_args(q, cache, cache, capabilities=caps, **kw)
+    with pytest.raises(ValueError, match="unquantized_caches=False: name the cache_layouts"):
+        Capabilities(unquantized_caches=False)

@@ -59,9 +59,11 @@ def _cache(name: str, cache, q: torch.Tensor, layout: str | None):
     if cache.dtype != torch.uint8 or cache.shape[2] != 1 or cache.shape[3] != spec.token_bytes:
         fail(f"{name}: a {layout} cache is uint8 (num_blocks, block_size, 1, {spec.token_bytes}), "
               f"got {cache.dtype} {tuple(cache.shape)}")
-    if cache.shape[0] > 1 and cache.stride(0) < cache.shape[1] * spec.token_bytes:
-        fail(f"{name}: a {layout} page of {cache.shape[1]} tokens needs {cache.shape[1] * spec.token_bytes} bytes, "
-              f"got a block stride of {cache.stride(0)}")
+    if cache.shape[0] > 1 and (cache.stride(0) < cache.shape[1] * spec.token_bytes
+                               or cache.stride(0) % spec.page_alignment):
+        fail(f"{name}: a {layout} page of {cache.shape[1]} tokens takes {spec.page_bytes(cache.shape[1])} bytes "
+             f"(padded to a multiple of {spec.page_alignment}), so the block stride is a multiple of "
+             f"{spec.page_alignment} of at least that; got {cache.stride(0)}")
     if q.dtype != torch.bfloat16 or q.shape[-1] != spec.head_dim:
         fail(f"q: a {layout} cache is read by bf16 queries of head dim {spec.head_dim}, got "
               f"{DTYPE_NAMES.get(q.dtype, q.dtype)} head dim {q.shape[-1]}")
