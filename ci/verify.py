@@ -5,24 +5,30 @@
     python -m fmha.ci.verify --json verify.json               # every result, for tools
     python -m fmha.ci.verify --calibrate --seeds 4            # worst metric values, for the tolerances
 
-Two passes per kernel: agreement with the oracle on the feature cases (every dtype and input
-distribution, --seeds seeds each), and a fast pass of the metamorphic laws, contract v2's
-for a kernel that declares a paged or sparse source (--law-examples
+Three passes per kernel: agreement with the oracle on the feature cases (every dtype and
+input distribution, --seeds seeds each); the named regression cases, each laid out inside the
+kernel's limits where it still catches its bug; and a fast pass of the metamorphic laws,
+contract v2's for a kernel that declares a paged or sparse source (--law-examples
 derandomized draws each, unshrunk: `pytest --pyargs fmha` shrinks). A kernel that raises
 costs that case, recorded with its error, and the run goes on; a NotSupportedError is a
 skip with the kernel's reason. Prints progress, a table, the findings grouped (identical
-failures once, with their count and cases) and the reasons for every skip; exits 1 if
-anything failed or raised.
+failures once, with their count and cases) and, per kernel, what it cannot run and why (its
+to-do list); exits 1 if anything failed or raised.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import functools
 import json
 import math
+import os
 import re
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
@@ -34,6 +40,7 @@ from tqdm import tqdm
 
 from fmha.ci import progress
 from fmha.ci.cli import kernel_parser, parse, selected_kernels
+from fmha.ci.gpu_runner import cuda_context_error
 from fmha.contract import NotSupportedError
 from fmha.oracles.check import judge_run, run_kernel
 from fmha.oracles.distributions import DISTRIBUTIONS
@@ -42,6 +49,7 @@ from fmha.properties.catalog import LAWS
 from fmha.properties.feature_cases import FEATURE_CASES, with_dtypes
 from fmha.registry import MERGES
 from fmha.regressions import ledger
+from fmha.regressions.traps import named_cases, run_named_case
 from fmha.tables import Table
 
 # Gated metric -> worse-is-larger value.
@@ -58,8 +66,8 @@ WORST = {
 @dataclass
 class Result:
     kernel: str
-    part: str  # "agreement" or "laws"
-    what: str  # the sample's id, or the law's name
+    part: str  # "agreement", "named cases" or "laws"
+    what: str  # the sample's id, trap/case, or the law's name
     dtype: str  # "" for laws
     outcome: str  # passed, failed, raised, skipped, known (a known failure), fixed (a known failure passed)
     message: str = ""  # the failure, the error, or the skip reason
@@ -82,6 +90,17 @@ def _against_ledger(result: Result, known, device: str, test: str) -> Result:
                       "passes though recorded as a known failure")
     return Result(result.kernel, result.part, result.what, result.dtype, "known",
                   f"known failure ({record.issue}): {record.reason}")
+
+
+def _reasons(message: str) -> list[str]:
+    """A skip's reasons: its "; "-separated parts, not splitting inside a parenthesised note."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(message):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and message.startswith("; ", i):
+            parts.append(message[start:i])
+            start = i + 2
+    return parts + [message[start:]]
 
 
 def _signature(text: str) -> str:
@@ -112,6 +131,37 @@ def agreement(kernel, sample, device: str, worst=None) -> Result:
     signature = "; ".join(verdict.hints) or "fails " + ", ".join(f.split(":")[0] for f in verdict.failures)
     return Result(kernel.name, "agreement", sample.id, dtype, "failed", verdict.message(f"{kernel.name} {sample.id}"),
                   _signature(signature))
+
+
+def _rest_in_a_fresh_process(argv, start_at: int) -> list[Result]:
+    """Work items `start_at` onward, run by a fresh `verify` process (which does the same
+    if another item poisons its context): a kernel fault costs its case, not the run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rest.json")
+        command = [sys.executable, "-m", "fmha.ci.verify", *(sys.argv[1:] if argv is None else argv),
+                   "--start-at", str(start_at), "--json", path]
+        subprocess.run(command, stdout=subprocess.DEVNULL, check=False)
+        if not os.path.exists(path):
+            return [Result("verify", "run", f"items {start_at}+", "", "raised",
+                           f"the fresh process for the rest exited without results: {shlex.join(command)}",
+                           "the fresh process exited")]
+        with open(path) as f:
+            return [Result(**r) for r in json.load(f)["results"]]
+
+
+def named_case(kernel, trap, case, device: str) -> Result:
+    what, dtype = f"{trap.id}/{case.id}", DTYPE_NAMES[case.problem.dtype]
+    try:
+        outcome, message = run_named_case(kernel, trap, case, device)
+    except NotSupportedError as e:
+        outcome, message = "skipped", f"raised NotSupportedError: {e}"
+    except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this case, not the run
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return Result(kernel.name, "named cases", what, dtype, "raised", error, f"raised {_signature(error)}")
+    if outcome == "skipped":
+        message = message.removeprefix(f"{kernel.name}, {trap.id}: ")
+    return Result(kernel.name, "named cases", what, dtype, outcome, message,
+                  _signature(f"{trap.id}: {message.splitlines()[-1]}") if outcome == "failed" else "")
 
 
 def law_pass(kernel, law, device: str, examples: int) -> Result:
@@ -153,12 +203,34 @@ def report(results: list[Result], header: str) -> str:
             cases = ", ".join(r.what for r in found[:6]) + (f", ... ({len(found)} in all)" if len(found) > 6 else "")
             lines += [f"### {i}. {kernel}, {part}: {len(found)} case(s) {found[0].outcome}: {cases}", "",
                       "```", found[0].message, "```", ""]
-    for outcome, title in (("skipped", "Skipped: the kernels' reasons"), ("known", "Known failures (the ledger)")):
-        reasons = Counter((r.kernel, r.part, r.message) for r in results if r.outcome == outcome)
-        if reasons:
-            lines += ["", f"## {title}", ""]
-            lines += [f"- {kernel}, {n} {part} case(s): {why}" for (kernel, part, why), n in sorted(reasons.items())]
+    todo = to_do(results)
+    if todo:
+        lines += ["", "## To do: what each kernel cannot run, and why", "", *todo]
+    known = Counter((r.kernel, r.part, r.message) for r in results if r.outcome == "known")
+    if known:
+        lines += ["", "## Known failures (the ledger)", ""]
+        lines += [f"- {kernel}, {n} {part} case(s): {why}" for (kernel, part, why), n in sorted(known.items())]
     return "\n".join(lines) + "\n"
+
+
+def to_do(results: list[Result]) -> list[str]:
+    """Each kernel's skips by reason, the reason a kernel gives most first: one line per
+    missing capability with what it keeps from running (a skip with several reasons counts
+    under each)."""
+    blocked = defaultdict(lambda: defaultdict(list))  # kernel -> reason -> skipped results
+    for r in results:
+        if r.outcome == "skipped":
+            for reason in _reasons(r.message):
+                blocked[r.kernel][reason].append(r)
+    lines = []
+    for kernel, reasons in sorted(blocked.items()):
+        for reason, skipped in sorted(reasons.items(), key=lambda item: -len(item[1])):
+            parts = Counter(r.part for r in skipped)
+            traps = sorted({r.what.split("/")[0] for r in skipped if r.part == "named cases"})
+            what = ", ".join(f"{n} {part}" + (f" ({', '.join(traps)})" if part == "named cases" else "")
+                             for part, n in sorted(parts.items()))
+            lines.append(f"- {kernel}: {reason}: {what}")
+    return lines
 
 
 def reruns(results: list[Result], args) -> str:
@@ -171,7 +243,7 @@ def reruns(results: list[Result], args) -> str:
     common += [f"--law-examples {args.law_examples}"] if args.law_examples != 3 else []
     common += [f"--fmha-known-failures {shlex.quote(args.fmha_known_failures)}"] if args.fmha_known_failures else []
     lines = ["", f"## Rerun one failure ({len(bad)})", ""]
-    lines += [f"python -m fmha.ci.verify --fmha-kernel {shlex.quote(r.kernel)} {' '.join(common)} --only {r.what}"
+    lines += [f"python -m fmha.ci.verify --fmha-kernel {shlex.quote(r.kernel)} {' '.join(common)} --only {shlex.quote(r.what)}"
               f"    # {r.part} {r.outcome}" for r in bad]
     return "\n".join(lines) + "\n"
 
@@ -192,8 +264,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--fmha-known-failures", metavar="FILE", help="a TOML file of your kernels' known failures")
     parser.add_argument("--calibrate", action="store_true", help="print the worst value of each gated metric")
-    parser.add_argument("--only", action="append", default=[], metavar="CASE|LAW",
-                        help="run only this agreement case or law (repeatable): the rerun commands use it")
+    parser.add_argument("--start-at", type=int, default=0, help=argparse.SUPPRESS)  # a fresh process's share
+    parser.add_argument("--only", action="append", default=[], metavar="CASE|TRAP/CASE|LAW",
+                        help="run only this agreement case, named case or law (repeatable): the rerun commands use it")
     args = parse(parser, argv)
     kernels = selected_kernels(parser, args)
     device = args.fmha_device
@@ -205,41 +278,52 @@ def main(argv=None) -> int:
     cases = [s.replace(distribution=d, seed=seed) for s in with_dtypes(FEATURE_CASES)
              for d in DISTRIBUTIONS for seed in range(args.seeds)]
     law_list = [law for law in LAWS.values() if law.draws != "merge"] if args.law_examples > 0 and not args.calibrate else []
+    named = [] if args.calibrate else named_cases()
     if args.only:
-        unknown = set(args.only) - {s.id for s in cases} - {law.name for law in law_list}
+        unknown = (set(args.only) - {s.id for s in cases} - {law.name for law in law_list}
+                   - {f"{trap.id}/{case.id}" for trap, case in named})
         if unknown:
-            parser.error(f"--only: no agreement case or law named {sorted(unknown)} (their names are in the report)")
+            parser.error(f"--only: no agreement case, named case or law named {sorted(unknown)} (their names are in "
+                         "the report)")
         cases = [s for s in cases if s.id in args.only]
+        named = [(trap, case) for trap, case in named if f"{trap.id}/{case.id}" in args.only]
         law_list = [law for law in law_list if law.name in args.only]
     worst = defaultdict(lambda: {c: (-math.inf, "") for c in WORST}) if args.calibrate else None
+    # (what, the pytest test a ledger record names, the step): one flat list, so that a fresh
+    # process can take over from any item
+    work = [(f"{kernel.name} {what}", test, step) for kernel in kernels for what, test, step in (
+        *((s.id, "test_kernel_matches_oracle", functools.partial(agreement, kernel, s, worst=worst)) for s in cases),
+        *((f"{trap.id}/{case.id}", "test_named_regression_case", functools.partial(named_case, kernel, trap, case))
+          for trap, case in named),
+        *((law.name, law.test, functools.partial(law_pass, kernel, law, examples=args.law_examples))
+          for law in law_list))]
     results = []
-    total, start, now = len(kernels) * (len(cases) + len(law_list)), time.monotonic(), [""]
+    total, start, now = len(work), time.monotonic(), [""]
 
     def line() -> str:  # piped output (a CI log) gets this every few seconds instead of tqdm's bar
         return (f"fmha verify: {len(results)}/{total} done in {progress.elapsed(time.monotonic() - start)}, "
                 f"{sum(r.bad for r in results)} failed; now {now[0]}")
 
-    with (tqdm(total=total, unit="case", file=sys.stderr, disable=None) as bar,
+    with (tqdm(total=total, initial=args.start_at, unit="case", file=sys.stderr, disable=None) as bar,
           progress.Ticker(0 if sys.stderr.isatty() else progress.EVERY_S, line,
                           lambda text: print(text, file=sys.stderr, flush=True))):
-        for kernel in kernels:
-            for sample in cases:
-                now[0] = f"{kernel.name} {sample.id}"
-                bar.set_postfix_str(now[0][:60])
-                results.append(_against_ledger(agreement(kernel, sample, device, worst), known, device,
-                                               "test_kernel_matches_oracle"))
-                bar.update()
-            for law in law_list:
-                now[0] = f"{kernel.name} {law.name}"
-                bar.set_postfix_str(now[0])
-                results.append(_against_ledger(law_pass(kernel, law, device, args.law_examples), known, device,
-                                               law.test))
-                bar.update()
+        for index in range(args.start_at, len(work)):
+            now[0], test, step = work[index]
+            bar.set_postfix_str(now[0][:60])
+            result = step(device)
+            results.append(_against_ledger(result, known, device, test))
+            bar.update()
+            poisoned = device == "cuda" and result.outcome == "raised" and cuda_context_error()
+            if poisoned:  # the CUDA context is gone: the rest runs in a fresh process
+                results[-1].message += f" (it left the CUDA context unusable: {poisoned}; the rest ran in a fresh process)"
+                results += _rest_in_a_fresh_process(argv, index + 1)
+                break
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     header = (f"# fmha verify, {datetime.date.today()}, {device_name}, torch {torch.__version__}\n\n"
               f"Agreement: {len(FEATURE_CASES)} feature cases x {len(DTYPE_NAMES)} dtypes x {len(DISTRIBUTIONS)} "
-              f"distributions x {args.seeds} seed(s); laws: {len(law_list)} x {args.law_examples} draws.")
+              f"distributions x {args.seeds} seed(s); named cases: {len(named)}; laws: {len(law_list)} x "
+              f"{args.law_examples} draws.")
     print(calibration(worst) if args.calibrate else report(results, header) + reruns(results, args))
     if args.json:
         with open(args.json, "w") as f:

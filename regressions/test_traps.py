@@ -5,31 +5,17 @@ out, or a dense case the kernel does not support, is a skip carrying the reason.
 
 import pytest
 
-from fmha.contract import DTYPE_NAMES
-from fmha.regressions.trap import check_case, laid_out_for
-from fmha.regressions.traps import MUTANTS, TRAPS, USER_TRAPS, in_process_mutants
+from fmha.regressions.traps import MUTANTS, TRAPS, USER_TRAPS, named_cases, run_named_case
 
 pytestmark = pytest.mark.regression
 
 
-def _dtypes(case):
-    """Every dtype, but a quantized cache is read by bf16 queries only."""
-    return (case.problem.dtype,) if case.problem.cache_layouts else DTYPE_NAMES
-
-
-@pytest.mark.parametrize("trap, case", [
-    pytest.param(trap, case.replace(dtype=dtype), id=f"{trap.id}/{case.replace(dtype=dtype).id}")
-    for trap in TRAPS.values() for case in trap.cases for dtype in _dtypes(case)
-])
+@pytest.mark.parametrize("trap, case", [pytest.param(trap, case, id=f"{trap.id}/{case.id}") for trap, case in named_cases()])
 def test_named_regression_case(kernel, trap, case, device):
-    laid, why = laid_out_for(kernel, case, device, in_process_mutants(trap.id) if case.problem.source != "dense" else ())
-    if laid is None:
-        pytest.skip(f"{kernel.name}, {trap.id}: {why}")
-    failures = check_case(kernel, laid, device, trap.symptoms)
-    relaid = "" if laid is case else f", re-laid for the kernel as {laid.id}"
-    assert not failures, (
-        f"{kernel.name} fails named case {trap.id}/{case.id}{relaid} ({trap.origin}: {trap.symptom}; "
-        f"known root cause: {trap.root_cause}):\n" + "\n".join(f"  - {f}" for f in failures))
+    outcome, message = run_named_case(kernel, trap, case, device)
+    if outcome == "skipped":
+        pytest.skip(message)
+    assert outcome == "passed", message
 
 
 if USER_TRAPS:  # a kernel author's own traps (--fmha-cases DIR): each case is seen failing on its bug

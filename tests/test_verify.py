@@ -43,8 +43,10 @@ def test_a_kernel_that_raises_costs_its_cases_and_the_run_goes_on(tmp_path):
     out = run.stdout
     # one finding for all of them, not one per case
     assert out.count(f"agreement: {len(raised)} case(s) raised") == 1, out[-3000:]
-    assert "## Skipped: the kernels' reasons" in out and "no sink support (SDPA has no sink term" in out
-    assert {r["part"] for r in results} == {"agreement", "laws"}
+    # the to-do list: each missing capability once per kernel, with what it keeps from running
+    assert "## To do: what each kernel cannot run, and why" in out
+    assert len([line for line in out.splitlines() if line.startswith("- raising_kernels:fwd: no sink support")]) == 1
+    assert {r["part"] for r in results} == {"agreement", "named cases", "laws"}
     # last, the command that reruns each failure alone; one of them, run as printed
     reruns = [line.split("    #")[0] for line in out.splitlines()
               if line.startswith("python -m fmha.ci.verify ") and line.endswith("# agreement raised")]
@@ -54,3 +56,16 @@ def test_a_kernel_that_raises_costs_its_cases_and_the_run_goes_on(tmp_path):
     assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
     (only,) = json.loads(report.read_text())["results"]
     assert only["outcome"] == "raised" and reruns[0].endswith(f"--only {only['what']}"), (only, reruns[0])
+
+
+def test_the_rest_of_a_run_goes_on_in_a_fresh_process():
+    """What verify does after a case leaves the CUDA context unusable: the items after it run
+    in a fresh process and their results join the report (here on the CPU, from item 1)."""
+    from fmha.ci import verify
+    from fmha.properties.feature_cases import FEATURE_CASES, with_dtypes
+
+    first, second = (s.id for s in with_dtypes(FEATURE_CASES)[:2])
+    argv = ["--fmha-kernel", "sdpa-math", "--fmha-device", "cpu", "--law-examples", "0", "--only", first,
+            "--only", second]
+    rest = verify._rest_in_a_fresh_process(argv, 1)
+    assert [(r.what, r.outcome) for r in rest] == [(second, "passed")], rest

@@ -11,9 +11,10 @@ import os
 import pkgutil
 import sys
 
+from fmha.contract import DTYPE_NAMES
 from fmha.oracles.sample import Sample
 from fmha.regressions.mutation import Mutant
-from fmha.regressions.trap import Trap, laid_out_for
+from fmha.regressions.trap import Trap, check_case, laid_out_for
 
 
 def _modules():
@@ -78,6 +79,26 @@ def in_process_mutants(trap_id: str) -> list:
     """The kernels of a trap's mutants that run in this process (not those that hang or crash
     it): what a case re-laid for another kernel must still catch (trap.laid_out_for)."""
     return [m.kernel() for m in MUTANTS.values() if m.trap == trap_id and not m.isolate]
+
+
+def named_cases() -> list[tuple[Trap, Sample]]:
+    """Every case of every trap, in every dtype (a quantized cache is read by bf16 queries only)."""
+    return [(trap, case.replace(dtype=dtype)) for trap in TRAPS.values() for case in trap.cases
+            for dtype in ((case.problem.dtype,) if case.problem.cache_layouts else DTYPE_NAMES)]
+
+
+def run_named_case(kernel, trap: Trap, case: Sample, device: str) -> tuple[str, str]:
+    """`case` of `trap` on `kernel`, laid out for it: ("passed", ""), ("skipped", why it cannot
+    run there) or ("failed", what failed, with the trap's symptom and root cause)."""
+    laid, why = laid_out_for(kernel, case, device, in_process_mutants(trap.id) if case.problem.source != "dense" else ())
+    if laid is None:
+        return "skipped", f"{kernel.name}, {trap.id}: {why}"
+    failures = check_case(kernel, laid, device, trap.symptoms)
+    if not failures:
+        return "passed", ""
+    relaid = "" if laid is case else f", re-laid for the kernel as {laid.id}"
+    return "failed", (f"{kernel.name} fails named case {trap.id}/{case.id}{relaid} ({trap.origin}: {trap.symptom}; "
+                      f"known root cause: {trap.root_cause}):\n" + "\n".join(f"  - {f}" for f in failures))
 
 
 def laid_out_cases(kernel, device: str) -> list[tuple[str, Sample]]:
