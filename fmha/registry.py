@@ -18,7 +18,7 @@ import os
 import sys
 
 from fmha import dispatch
-from fmha.adapters import flashmla, flex, sdpa, sdpa_paged
+from fmha.adapters import flashinfer, flashmla, flex, sdpa, sdpa_paged, vllm
 from fmha.contract import FULL_CONTRACT, KernelEntry, MergeEntry
 from fmha.kernels import gluon_dense, gluon_sparse, torch_merge
 from fmha.kernels.triton_utils import triton_availability
@@ -46,7 +46,7 @@ OURS_NAMES = frozenset(e.name for e in OURS)
 
 # Other libraries' kernels, each imported only when called; unavailable (with how to get it)
 # where the library is missing. They run when selected, or compared (`--compare installed`).
-LIBRARIES = [*flashmla.ENTRIES]
+LIBRARIES = [*flashmla.ENTRIES, *flashinfer.ENTRIES, *vllm.ENTRIES]
 
 KERNELS: dict[str, KernelEntry] = {e.name: e for e in [*OURS, *sdpa.ENTRIES, *flex.ENTRIES, reference_kernel.ENTRY,
                                                           *sdpa_paged.ENTRIES, *LIBRARIES]}

@@ -16,3 +16,24 @@ def test_the_listing_says_what_runs_here_and_why_the_rest_does_not(capsys):
     assert rows["gluon-sparse"].endswith("| no | - | needs a CUDA GPU |"), rows["gluon-sparse"]
     assert rows["sdpa-cudnn"].endswith("| no | - | runs on cuda, not cpu |"), rows["sdpa-cudnn"]
     assert "| yes | when selected |" in rows["reference"] and "Dv = D only" in rows["sdpa-flash"]
+
+
+def test_every_library_adapter_is_listed_with_how_to_get_it_and_in_the_readme(capsys):
+    """Each adapter of another library: listed (here without the library, with the install
+    line), and the README's one-command section runs it."""
+    import pathlib
+
+    from fmha import registry
+
+    assert main(["--fmha-device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    for entry in registry.LIBRARIES:
+        (row,) = [line for line in out.splitlines() if line.startswith(f"| {entry.name} |")]
+        assert "| no | - |" in row and ("pip install" in row or "build" in row), row
+        assert f"--fmha-kernel {entry.name}" in readme, entry.name
+    # where FlashMLA is installed, its row says the limits the strategies draw within
+    from fmha.adapters import flashmla
+    from fmha.ci.kernels import declared
+
+    assert "Hq (64, 128); top-k a multiple of 64; cache layouts dsv4-fp8 only" in declared(flashmla.CAPABILITIES)

@@ -1,4 +1,4 @@
-"""Other libraries' LSE conventions, translated to fmha's, for adapters.
+"""Other libraries' conventions (LSE, page tables, windows), translated to fmha's, for adapters.
 
 fmha's LSE (docs/contract.md): float32 (B, Hq, T), natural log, the sink included; a row
 with no visible key has lse = -inf, or the sink's logit when there is one. An adapter for a
@@ -11,6 +11,15 @@ kernel with another convention returns `(o, lse_from_...(lse, ...))`:
 
 The verdict names both mismatches when an adapter forgets them ("a base-2 LSE", "the sink
 left out of the LSE").
+
+Page tables: fmha's (and vLLM's, FlashAttention's) is a block table, one row of page numbers
+per request, with each request's kv length; FlashInfer's is CSR: `indptr` (B + 1), the pages
+of every request in one `indices` array, and `last_page_len` (B,), the keys on each request's
+last page (1 to page_size): `csr_page_table`.
+
+Windows: fmha's `window=w` sees exactly w keys, the current one included. FlashInfer's
+`window_left` and FlashAttention's / vLLM's `window_size[0]` count the keys left of the
+current one: `keys_left_of_current(w)` = w - 1, and -1 for no window.
 """
 
 from __future__ import annotations
@@ -31,3 +40,21 @@ def lse_from_sink_excluded(lse: torch.Tensor, sink: torch.Tensor | None) -> torc
     if sink is None:
         return lse
     return torch.logaddexp(lse, sink.to(lse.dtype).view(1, -1, 1))
+
+
+def csr_page_table(block_table: torch.Tensor, kv_lens: torch.Tensor, block_size: int):
+    """fmha's (B, max_blocks) block table and (B,) kv lengths -> FlashInfer's int32
+    (indptr, indices, last_page_len). A request's pages are the first ceil(kv_len / block_size)
+    of its row; its last page holds kv_len - (pages - 1) * block_size keys."""
+    pages = (kv_lens.long() + block_size - 1) // block_size
+    indptr = torch.zeros(len(pages) + 1, dtype=torch.int32, device=block_table.device)
+    indptr[1:] = torch.cumsum(pages, 0)
+    used = torch.arange(block_table.shape[1], device=block_table.device) < pages.view(-1, 1)
+    last_page_len = (kv_lens.long() - (pages - 1).clamp(min=0) * block_size).to(torch.int32)
+    return indptr, block_table[used].to(torch.int32).contiguous(), last_page_len
+
+
+def keys_left_of_current(window: int | None) -> int:
+    """fmha's window (keys seen, the current one included) -> the count of keys left of the
+    current one; -1: no window."""
+    return -1 if window is None else window - 1
