@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import torch
 
@@ -281,11 +282,20 @@ def topk_len_zero_reads_all(q, k, v, *, indices, topk_len, extra_indices=None, e
     return reference(q, k, v, indices=indices, topk_len=limit(topk_len, indices), **extra, **kw)
 
 
+@_bug
+def softmax_without_the_row_max(q, k, v, *, cache_layout, **kw):
+    """exp(logit) summed in float32 without subtracting the row's max first: a row whose sum
+    passes float32's range (its lse above ln(FLT_MAX), about 88.7) is inf / inf = NaN."""
+    o, lse = reference(q, k, v, cache_layout=cache_layout, **kw)
+    overflow = lse > math.log(torch.finfo(torch.float32).max)  # (B, Hq, T)
+    return o.masked_fill_(overflow.transpose(1, 2)[..., None], math.nan), lse  # in `out` when given
+
+
 _ALL = (one_table_row, whole_last_page, contiguous_pages, power_of_two_pages, batch_drops_last_key, no_keys_nan,
         minus_one_is_slot_0, minus_one_counts, topk_len_ignored, last_index_dropped, sink_per_scope,
         fp8_scale_of_the_next_tile, rope_read_as_fp8, fp8_subnormals_flushed, fp4_halves_flushed,
         scale_exponent_clamped, zero_query_request_shifts_rows, window_one_too_wide, causal_from_the_first_key,
-        repeated_index_counted_once, last_slot_unread, topk_len_zero_reads_all)
+        repeated_index_counted_once, last_slot_unread, topk_len_zero_reads_all, softmax_without_the_row_max)
 for _fn in _ALL:
     _fn.capabilities = REFERENCE  # as a plug-in (--fmha-kernel ...:name) it claims what the reference does
 MUTANTS = {fn.__name__: KernelEntry(name=fn.__name__.replace("_", "-"), fn=fn, capabilities=REFERENCE,

@@ -302,3 +302,14 @@ def test_pyargs_fmha_collects_the_suite_whatever_the_install(plugged):
                  "test_traps.py::test_named_regression_case[plugged_kernels:correct-",
                  "test_verdict.py::"):
         assert test in ids, f"{test} not collected:\n{ids[-3000:]}"
+
+
+def test_a_finding_in_another_library_names_its_version_and_kind():
+    from fmha.regressions.ledger import LEDGER, KnownFailure
+
+    with pytest.raises(ValueError, match="KnownFailure.version: a finding in another library names the version"):
+        KnownFailure("flashmla", "test_named_regression_case", "NaN", "issue 31", kind="bug")
+    with pytest.raises(ValueError, match="KnownFailure.kind: expected one of"):
+        KnownFailure("flashmla", "test_named_regression_case", "NaN", "issue 31", kind="maybe", version="1.0")
+    libraries = [r for r in LEDGER if r.kernel in ("flashmla", "flashinfer-decode")]
+    assert libraries and all(r.kind and r.version and r.evidence for r in libraries)
