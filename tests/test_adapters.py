@@ -5,6 +5,7 @@ listed as unavailable, with how to install it, where the library is missing. On 
 with the library built, the suite runs the real one (`--fmha-kernel flashmla`)."""
 
 import dataclasses
+import importlib.util
 import math
 import re
 import types
@@ -98,7 +99,7 @@ def test_flashmlas_limits_are_refused_with_the_reason(problem, reason):
 
 def test_without_the_library_the_kernel_is_listed_with_how_to_get_it():
     (entry,) = flashmla.ENTRIES
-    if flashmla.importlib.util.find_spec("flash_mla") is not None:
+    if importlib.util.find_spec("flash_mla") is not None:
         pytest.skip("flash_mla is installed here")
     assert entry.not_supported_reasons(DSV4, "cuda") == [flashmla.INSTALL]
     assert "build deepseek-ai/FlashMLA from source" in flashmla.INSTALL

@@ -7,6 +7,7 @@ same adapter with one convention left untranslated fails; without the library, e
 listed with how to install it."""
 
 import dataclasses
+import importlib.util
 import math
 import types
 
@@ -177,7 +178,7 @@ def test_windows_count_the_keys_left_of_the_current_one():
 def test_without_the_library_the_kernel_is_listed_with_how_to_get_it(entry):
     module = flashinfer if entry.name.startswith("flashinfer") else vllm
     library = "flashinfer" if module is flashinfer else "vllm"
-    if module.importlib.util.find_spec(library) is not None:
+    if importlib.util.find_spec(library) is not None:
         pytest.skip(f"{library} is installed here")
     assert entry.not_supported_reasons(PAGED, "cuda") == [module.INSTALL]
     assert "pip install" in module.INSTALL

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 
 import torch
 
 from fmha.adapters.conventions import csr_page_table, keys_left_of_current, lse_from_base2
+from fmha.adapters.libraries import availability_of, written_to
 from fmha.contract import Capabilities, KernelEntry, check_attention_args
 
 INSTALL = ("FlashInfer is not installed: pip install flashinfer-python (JIT-builds its kernels with nvcc on first "
@@ -82,11 +82,7 @@ def decode_with(capabilities: Capabilities, library=lambda: importlib.import_mod
                      p.block_size, window_left=keys_left_of_current(window), q_data_type=q.dtype,
                      kv_data_type=k_cache.dtype, sm_scale=scale)
         o, lse = wrapper.run(q[:, 0], (k_cache, v_cache), return_lse=True)  # (B, Hq, D), (B, Hq)
-        o, lse = o[:, None], lse_from_base2(lse.float())[:, :, None]
-        if out is not None:
-            out.copy_(o)
-            o = out
-        return o, lse
+        return written_to(out, o[:, None]), lse_from_base2(lse.float())[:, :, None]
 
     return flashinfer_decode
 
@@ -110,21 +106,12 @@ def prefill_with(capabilities: Capabilities, library=lambda: importlib.import_mo
         lse = lse_from_base2(lse.float()).transpose(0, 1)  # (Hq, rows): fmha's packed layout
         if not p.ragged:
             o, lse = o.unflatten(0, (p.batch, p.q_len)), lse.unflatten(1, (p.batch, p.q_len)).transpose(0, 1)
-        if out is not None:
-            out.copy_(o)
-            o = out
-        return o, lse.contiguous()
+        return written_to(out, o), lse.contiguous()
 
     return flashinfer_prefill
 
 
-@functools.cache
-def availability(device) -> str | None:
-    if importlib.util.find_spec("flashinfer") is None:
-        return INSTALL
-    if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    return None
+availability = availability_of("flashinfer", INSTALL)
 
 
 ENTRIES = [

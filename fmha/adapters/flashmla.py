@@ -35,13 +35,12 @@ such a cache by name before any kernel sees it.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import importlib.util
 
 import torch
 
 from fmha.adapters.conventions import lse_from_sink_excluded
+from fmha.adapters.libraries import availability_of, written_to
 from fmha.contract import Capabilities, KernelEntry, check_attention_args
 
 INSTALL = ("FlashMLA is not installed (no wheel): build deepseek-ai/FlashMLA from source on a Hopper machine "
@@ -77,24 +76,19 @@ def sparse_decode_with(capabilities: Capabilities, library=lambda: importlib.imp
             q, k_cache, None, None, 512, schedule, None, softmax_scale=scale, causal=False, is_fp8_kvcache=True,
             indices=indices, attn_sink=sink, extra_k_cache=extra_k_cache, extra_indices_in_kvcache=extra_indices,
             topk_length=topk_len, extra_topk_length=extra_topk_len)
-        lse = lse_from_sink_excluded(lse, sink)
-        if out is not None:
-            out.copy_(o)
-            o = out
-        return o, lse
+        return written_to(out, o), lse_from_sink_excluded(lse, sink)
 
     return flashmla
 
 
-@functools.cache
-def availability(device) -> str | None:
-    if importlib.util.find_spec("flash_mla") is None:
-        return INSTALL
-    if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"FlashMLA's sparse decode built here is for SM90 (Hopper); this GPU is SM{''.join(map(str, torch.cuda.get_device_capability()))}"
+def _sm90() -> str | None:
+    capability = torch.cuda.get_device_capability()
+    if capability != (9, 0):
+        return f"FlashMLA's sparse decode built here is for SM90 (Hopper); this GPU is SM{''.join(map(str, capability))}"
     return None
+
+
+availability = availability_of("flash_mla", INSTALL, _sm90)
 
 
 ENTRIES = [

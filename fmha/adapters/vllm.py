@@ -26,13 +26,13 @@ command: `python -m fmha.ci.verify --fmha-kernel vllm-unified --fmha-device cuda
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 
 import torch
 
 from fmha.adapters.conventions import keys_left_of_current
+from fmha.adapters.libraries import availability_of, written_to
 from fmha.contract import Capabilities, KernelEntry, check_attention_args
 
 INSTALL = "vLLM is not installed: pip install vllm (`pip install 'fmha[vllm]'` brings it)"
@@ -70,23 +70,12 @@ def unified_with(capabilities: Capabilities, library=_library):
             packed, k_cache, v_cache, o, starts, p.q_len, kv_lens, p.kv_len,
             scale if scale is not None else p.head_dim ** -0.5, True, (keys_left_of_current(window), -1 if window is None else 0),
             block_table, 0.0, None, None, None, sinks=sink)
-        if not p.ragged:
-            o = o.unflatten(0, (p.batch, p.q_len))
-        if out is not None:
-            out.copy_(o)
-            o = out
-        return o, None
+        return written_to(out, o if p.ragged else o.unflatten(0, (p.batch, p.q_len))), None
 
     return vllm_unified
 
 
-@functools.cache
-def availability(device) -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return INSTALL
-    if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    return None
+availability = availability_of("vllm", INSTALL)
 
 
 ENTRIES = [
