@@ -17,6 +17,10 @@ per request, with each request's kv length; FlashInfer's is CSR: `indptr` (B + 1
 of every request in one `indices` array, and `last_page_len` (B,), the keys on each request's
 last page (1 to page_size): `csr_page_table`.
 
+Queries: a batch of T rows each, (B, T, Hq, D), is what packed-query APIs take as B * T rows
+with their starts (FlashAttention's and vLLM's `cu_seqlens_q`, FlashInfer's `qo_indptr`):
+`packed_queries`.
+
 Windows: fmha's `window=w` sees exactly w keys, the current one included. FlashInfer's
 `window_left` and FlashAttention's / vLLM's `window_size[0]` count the keys left of the
 current one: `keys_left_of_current(w)` = w - 1, and -1 for no window.
@@ -58,3 +62,12 @@ def keys_left_of_current(window: int | None) -> int:
     """fmha's window (keys seen, the current one included) -> the count of keys left of the
     current one; -1: no window."""
     return -1 if window is None else window - 1
+
+
+def packed_queries(q: torch.Tensor, cu_seqlens_q: torch.Tensor | None):
+    """(packed rows, each request's start and end): a ragged call's q as it is, a batch's
+    (B, T, Hq, D) as B * T rows, T a request."""
+    if cu_seqlens_q is not None:
+        return q, cu_seqlens_q
+    batch, rows = q.shape[:2]
+    return q.flatten(0, 1), torch.arange(batch + 1, dtype=torch.int32, device=q.device) * rows

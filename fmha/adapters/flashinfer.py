@@ -38,7 +38,7 @@ import importlib
 
 import torch
 
-from fmha.adapters.conventions import csr_page_table, keys_left_of_current, lse_from_base2
+from fmha.adapters.conventions import csr_page_table, keys_left_of_current, lse_from_base2, packed_queries
 from fmha.adapters.libraries import availability_of, written_to
 from fmha.contract import Capabilities, KernelEntry, check_attention_args
 
@@ -95,9 +95,7 @@ def prefill_with(capabilities: Capabilities, library=lambda: importlib.import_mo
         p = check_attention_args(q, k_cache, v_cache, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                  block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
                                  capabilities=capabilities)
-        packed = q if p.ragged else q.flatten(0, 1)  # (B, T, Hq, D) -> B * T rows, T a request
-        qo_indptr = cu_seqlens_q if p.ragged else torch.arange(p.batch + 1, dtype=torch.int32,
-                                                               device=q.device) * p.q_len
+        packed, qo_indptr = packed_queries(q, cu_seqlens_q)
         wrapper = library().BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
         wrapper.plan(qo_indptr, *csr_page_table(block_table, kv_lens, p.block_size), p.heads_q, p.heads_kv,
                      p.head_dim, p.block_size, causal=causal, window_left=keys_left_of_current(window),

@@ -31,7 +31,7 @@ import importlib.util
 
 import torch
 
-from fmha.adapters.conventions import keys_left_of_current
+from fmha.adapters.conventions import keys_left_of_current, packed_queries
 from fmha.adapters.libraries import availability_of, written_to
 from fmha.contract import Capabilities, KernelEntry, check_attention_args
 
@@ -63,13 +63,13 @@ def unified_with(capabilities: Capabilities, library=_library):
         p = check_attention_args(q, k_cache, v_cache, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                  block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
                                  capabilities=capabilities)
-        packed = q if p.ragged else q.flatten(0, 1)
-        starts = cu_seqlens_q if p.ragged else torch.arange(p.batch + 1, dtype=torch.int32, device=q.device) * p.q_len
+        packed, starts = packed_queries(q, cu_seqlens_q)
         o = torch.empty(*packed.shape[:2], p.head_dim_v, dtype=q.dtype, device=q.device)
-        library().unified_attention(
+        window_size = (keys_left_of_current(window), -1 if window is None else 0)
+        library().unified_attention(  # softcap 0, no q/k/v descales
             packed, k_cache, v_cache, o, starts, p.q_len, kv_lens, p.kv_len,
-            scale if scale is not None else p.head_dim ** -0.5, True, (keys_left_of_current(window), -1 if window is None else 0),
-            block_table, 0.0, None, None, None, sinks=sink)
+            scale if scale is not None else p.head_dim ** -0.5, True, window_size, block_table, 0.0, None, None, None,
+            sinks=sink)
         return written_to(out, o if p.ragged else o.unflatten(0, (p.batch, p.q_len))), None
 
     return vllm_unified
