@@ -255,12 +255,13 @@ two_scope_calls_agree_with_the_oracle = _agreement(
     "float64 oracle under the verdict.")
 fp8_cache_calls_agree_with_the_oracle = _agreement(
     "fp8_cache_calls_agree_with_the_oracle", "test_a_call_over_an_fp8_cache_agrees_with_the_oracle",
-    "fp8_subnormals_flushed", ("sparse",), ("dsv4-fp8",), "A call over a dsv4-fp8 cache (codes across the whole "
-    "range, subnormal ones beside an outlier, scales toward either end) agrees with the oracle over the decoded keys.")
+    "fp8_subnormals_flushed", ("paged", "sparse"), ("dsv4-fp8",), "A call over a dsv4-fp8 cache, paged or "
+    "index-sparse (codes across the whole range, subnormal ones beside an outlier, scales toward either end) agrees "
+    "with the oracle over the decoded keys.")
 fp4_cache_calls_agree_with_the_oracle = _agreement(
     "fp4_cache_calls_agree_with_the_oracle", "test_a_call_over_an_fp4_cache_agrees_with_the_oracle",
-    "fp4_halves_flushed", ("sparse",), ("dsv4-fp4",), "A call over a dsv4-fp4 cache (every e2m1 code, scales toward "
-    "either end) agrees with the oracle over the decoded keys.")
+    "fp4_halves_flushed", ("paged", "sparse"), ("dsv4-fp4",), "A call over a dsv4-fp4 cache, paged or index-sparse "
+    "(every e2m1 code, scales toward either end) agrees with the oracle over the decoded keys.")
 
 refilled_caches_give_the_new_answer = Law(
     check=refilled_buffers_give_the_new_answer.check, label="refilled_caches_give_the_new_answer",

@@ -6,7 +6,7 @@ budget), then the source: block sizes where real kernels break (DeepSeek's Flash
 draw 1, 2, 5, 53, 61, 64, 69, 576), a kv length per request (0 and shorter than the query
 rows included), packed query rows per request, pages shared between requests; top-k up to
 2048 (not only multiples of 64), -1 anywhere (all of a row too), topk_len shorter than top-k,
-a second scope, FP8/FP4 caches. Rare choices are the last of their range, so shrinking turns
+a second scope, FP8/FP4 caches (paged ones too). Rare choices are the last of their range, so shrinking turns
 them off.
 """
 
@@ -86,18 +86,24 @@ def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=t
         raise ValueError(f"paged_samples: the capabilities declare no paged or sparse source ({sorted(caps.sources)})")
     kind = draw(st.sampled_from(kinds))
     block_sizes = caps.block_sizes or BLOCK_SIZES
+    needed_layout = next((need for need in needs if need in CACHE_LAYOUTS), None)
     if kind == "paged":
-        problem = draw(problems(caps, device))
+        # one paged draw in four over a quantized cache, where the kernel reads one (rare: the last of the range)
+        quantized = "shared_kv" in caps.features and (not caps.unquantized_caches or draw(st.integers(0, 3)) == 3)
+        layout = needed_layout or (_layout(draw, caps) if quantized else None)
+        problem = draw(problems(_quantized(caps) if layout else caps, device))
         block_size = _block_size(draw, block_sizes, problem.kv_len)
         ragged = "ragged" in caps.sources and ("ragged" in needs or draw(st.booleans()))
         problem = problem.replace(source="paged", block_size=block_size, ragged=ragged)
+        if layout:  # DeepSeek-V4's K = V cache, one KV head, paged
+            problem = problem.replace(shared_kv=True, heads_kv=1, cache_layout=layout)
         q_lens = _query_lengths(draw, problem.batch, problem.q_len, caps) if ragged else None
         kv_lens = _key_lengths(draw, q_lens or (problem.q_len,) * problem.batch, problem.kv_len, caps, problem.causal)
         sample_fields = dict(kv_lens=kv_lens, q_lens=q_lens, shared_pages=draw(st.booleans()))
+        sample_fields |= _cache_fields(draw) if layout else {}
     else:
-        layout = next((need for need in needs if need in CACHE_LAYOUTS), None)
         problem, sample_fields = _sparse(draw, caps, device, draw(st.sampled_from(block_sizes)), block_sizes,
-                                         "two_scopes" in needs, layout)
+                                         "two_scopes" in needs, needed_layout)
     sample = Sample(problem=problem, scale=draw(scales(problem.head_dim)),
                     distribution=draw(st.sampled_from(distributions)), seed=draw(st.integers(0, 2**16)),
                     **sample_fields)
@@ -115,22 +121,35 @@ def _block_size(draw, block_sizes, keys: int) -> int:
     return draw(st.sampled_from(block_sizes))
 
 
+def _layout(draw, caps: Capabilities) -> str | None:
+    """A cache layout the kernel reads, or None (a cache in q's dtype) where it reads those."""
+    plain = [None] if caps.unquantized_caches else []
+    return draw(st.sampled_from([*plain, *sorted(caps.cache_layouts)])) if caps.cache_layouts else None
+
+
+def _quantized(caps: Capabilities) -> Capabilities:
+    """The capabilities a quantized cache's call is drawn in: bf16 queries of head dim 512, K = V."""
+    return dataclasses.replace(caps, head_dims=(512,), dtypes=(torch.bfloat16,), requires=caps.requires | {"shared_kv"})
+
+
+def _cache_fields(draw) -> dict:
+    """The ue8m0 scales toward either end; small (subnormal) codes beside outliers."""
+    return dict(cache_exponent=draw(st.sampled_from((0, -96, 96))), outliers=draw(st.booleans()))
+
+
 def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool, needed_layout: str | None):
     """DeepSeek-V4's call: K = V, no mask (the indices decide), top-k keys per query row."""
-    layouts = sorted(caps.cache_layouts)
-    plain = [None] if caps.unquantized_caches else []  # a cache in q's dtype
-    layout = draw(st.sampled_from([*plain, *layouts])) if layouts else None
-    layout = needed_layout or layout
+    layout = needed_layout or _layout(draw, caps)
     # The capabilities `problems` draws the dense part from: no mask, top-k (its kv_len) in
     # the kernel's multiple; FlashMLA's head dim and dtype for a quantized cache.
     dense = dataclasses.replace(caps, requires=caps.requires - {"causal", "window"},
                                 features=caps.features - {"causal", "window"}, kv_len_multiple_of=caps.topk_multiple_of,
                                 max_kv_len=min(caps.max_topk or MAX_TOPK, MAX_TOPK))
     if layout is not None:
-        dense = dataclasses.replace(dense, head_dims=(512,), dtypes=(torch.bfloat16,))
+        dense = _quantized(dense)
     problem = draw(problems(dense, device, max_kv_len=dense.max_kv_len))
     extra = two_scopes or ("two_scopes" in caps.sources and draw(st.booleans()))
-    extra_layout = draw(st.sampled_from([*plain, *layouts])) if extra and layout else None
+    extra_layout = _layout(draw, caps) if extra and layout else None
     step = caps.topk_multiple_of
     problem = problem.replace(
         source="sparse", block_size=block_size, shared_kv=True, head_dim_v=problem.head_dim, cache_layout=layout,
@@ -159,6 +178,4 @@ def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool, neede
         silent = draw(st.sampled_from((None, "topk_lens", "extra_topk_lens")))
         if silent:
             fields[silent] = (0,) * batch
-    if problem.cache_layouts:  # the ue8m0 scales toward either end; small (subnormal) codes beside outliers
-        fields |= dict(cache_exponent=draw(st.sampled_from((0, -96, 96))), outliers=draw(st.booleans()))
-    return problem, fields
+    return problem, fields | (_cache_fields(draw) if problem.cache_layouts else {})

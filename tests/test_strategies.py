@@ -52,3 +52,14 @@ def test_draws_stay_inside_a_kernels_head_counts_top_k_step_and_cache_layouts(sa
     p = sample.problem
     assert p.heads_q in (64, 128) and p.kv_len % 64 == 0 and (p.extra_topk or 0) % 64 == 0, p
     assert p.cache_layout == "dsv4-fp8" and p.extra_cache_layout in (None, "dsv4-fp8") and not p.unquantized_caches, p
+
+
+@settings(max_examples=20, derandomize=True, database=None, deadline=None)
+@given(sample=paged_samples(dataclasses.replace(FULL_CONTRACT, sources=frozenset({"paged"}),
+                                                cache_layouts=frozenset({"dsv4-fp8", "dsv4-fp4"})),
+                            "cpu", needs=("dsv4-fp8",)))
+def test_the_fp8_cache_law_draws_paged_calls_over_an_fp8_cache(sample):
+    """A kernel with a paged source and the FP8 layout gets paged calls over that cache (they
+    were drawn for index-sparse calls only)."""
+    p = sample.problem
+    assert p.source == "paged" and p.cache_layout == "dsv4-fp8" and p.heads_kv == 1 and p.shared_kv, p
