@@ -216,20 +216,23 @@ def report(results: list[Result], header: str) -> str:
 def to_do(results: list[Result]) -> list[str]:
     """Each kernel's skips by reason, the reason a kernel gives most first: one line per
     missing capability with what it keeps from running (a skip with several reasons counts
-    under each)."""
-    blocked = defaultdict(lambda: defaultdict(list))  # kernel -> reason -> skipped results
+    under each; reasons that differ only in their numbers, Hq=2 and Hq=4, are one line)."""
+    blocked = defaultdict(lambda: defaultdict(dict))  # kernel -> reason's shape -> {reason: skipped results}
     for r in results:
         if r.outcome == "skipped":
             for reason in _reasons(r.message):
-                blocked[r.kernel][reason].append(r)
+                blocked[r.kernel][_signature(reason)].setdefault(reason, []).append(r)
     lines = []
-    for kernel, reasons in sorted(blocked.items()):
-        for reason, skipped in sorted(reasons.items(), key=lambda item: -len(item[1])):
+    for kernel, shapes in sorted(blocked.items()):
+        for variants in sorted(shapes.values(), key=lambda v: -sum(map(len, v.values()))):
+            skipped = [r for found in variants.values() for r in found]
             parts = Counter(r.part for r in skipped)
             traps = sorted({r.what.split("/")[0] for r in skipped if r.part == "named cases"})
             what = ", ".join(f"{n} {part}" + (f" ({', '.join(traps)})" if part == "named cases" else "")
                              for part, n in sorted(parts.items()))
-            lines.append(f"- {kernel}: {reason}: {what}")
+            reason = max(variants, key=lambda text: len(variants[text]))
+            others = f" (and {len(variants) - 1} more like it)" if len(variants) > 1 else ""
+            lines.append(f"- {kernel}: {reason}{others}: {what}")
     return lines
 
 
@@ -323,7 +326,7 @@ def main(argv=None) -> int:
     header = (f"# fmha verify, {datetime.date.today()}, {device_name}, torch {torch.__version__}\n\n"
               f"Agreement: {len(FEATURE_CASES)} feature cases x {len(DTYPE_NAMES)} dtypes x {len(DISTRIBUTIONS)} "
               f"distributions x {args.seeds} seed(s); named cases: {len(named)}; laws: {len(law_list)} x "
-              f"{args.law_examples} draws.")
+              f"{args.law_examples} draws." + (f" Only {', '.join(args.only)}." if args.only else ""))
     print(calibration(worst) if args.calibrate else report(results, header) + reruns(results, args))
     if args.json:
         with open(args.json, "w") as f:

@@ -69,3 +69,13 @@ def test_the_rest_of_a_run_goes_on_in_a_fresh_process():
             "--only", second]
     rest = verify._rest_in_a_fresh_process(argv, 1)
     assert [(r.what, r.outcome) for r in rest] == [(second, "passed")], rest
+
+
+def test_the_to_do_list_gives_each_missing_capability_one_line():
+    from fmha.ci.verify import Result, to_do
+
+    skipped = [Result("k", "agreement", f"case{i}", "bf16", "skipped", f"Hq={h} unsupported (supports [64]); no sink")
+               for i, h in enumerate((2, 4, 4))]
+    skipped.append(Result("k", "named cases", "some-trap/case", "bf16", "skipped", "no sink"))
+    assert to_do(skipped) == ["- k: no sink: 3 agreement, 1 named cases (some-trap)",
+                              "- k: Hq=4 unsupported (supports [64]) (and 1 more like it): 3 agreement"]
