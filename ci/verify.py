@@ -108,6 +108,12 @@ def _signature(text: str) -> str:
     return re.sub(r"\(b,t,h(,d)?\)=\([^)]*\)|-?\d+(\.\d+)?(e[-+]?\d+)?", "#", text)
 
 
+def _raised(kernel, part: str, what: str, dtype: str, e: Exception) -> Result:
+    """A kernel that raised: its error's first line, and what identical errors share."""
+    error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return Result(kernel.name, part, what, dtype, "raised", error, f"raised {_signature(error)}")
+
+
 def agreement(kernel, sample, device: str, worst=None) -> Result:
     dtype = DTYPE_NAMES[sample.problem.dtype]
     reasons = kernel.not_supported_reasons(sample.problem, device)
@@ -118,8 +124,7 @@ def agreement(kernel, sample, device: str, worst=None) -> Result:
     except NotSupportedError as e:
         return Result(kernel.name, "agreement", sample.id, dtype, "skipped", f"raised NotSupportedError: {e}")
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this case, not the run
-        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        return Result(kernel.name, "agreement", sample.id, dtype, "raised", error, f"raised {_signature(error)}")
+        return _raised(kernel, "agreement", sample.id, dtype, e)
     if worst is not None:
         row = worst[(kernel.name, dtype)]
         for column, value in WORST.items():
@@ -156,8 +161,7 @@ def named_case(kernel, trap, case, device: str) -> Result:
     except NotSupportedError as e:
         outcome, message = "skipped", f"raised NotSupportedError: {e}"
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this case, not the run
-        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        return Result(kernel.name, "named cases", what, dtype, "raised", error, f"raised {_signature(error)}")
+        return _raised(kernel, "named cases", what, dtype, e)
     if outcome == "skipped":
         message = message.removeprefix(f"{kernel.name}, {trap.id}: ")
     return Result(kernel.name, "named cases", what, dtype, outcome, message,
@@ -179,8 +183,7 @@ def law_pass(kernel, law, device: str, examples: int) -> Result:
         return Result(kernel.name, "laws", law.name, "", "failed", f"{e}\n{notes}".strip(),
                       _signature(f"{law.name}: {first.split(':', 1)[-1]}"))
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this law, not the run
-        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        return Result(kernel.name, "laws", law.name, "", "raised", error, f"raised {_signature(error)}")
+        return _raised(kernel, "laws", law.name, "", e)
     return Result(kernel.name, "laws", law.name, "", "passed")
 
 

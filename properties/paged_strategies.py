@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from fmha.contract import CACHE_LAYOUTS, Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.sample import Sample
-from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, scales
+from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, round_up, scales
 
 BLOCK_SIZES = (1, 2, 5, 16, 53, 61, 64, 576)
 INVALID = (0.0, 0.1, 0.5, 1.0)
@@ -150,11 +150,10 @@ def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool, neede
     problem = draw(problems(dense, device, max_kv_len=dense.max_kv_len))
     extra = two_scopes or ("two_scopes" in caps.sources and draw(st.booleans()))
     extra_layout = _layout(draw, caps) if extra and layout else None
-    step = caps.topk_multiple_of
     problem = problem.replace(
         source="sparse", block_size=block_size, shared_kv=True, head_dim_v=problem.head_dim, cache_layout=layout,
         heads_kv=1 if layout else problem.heads_kv,
-        extra_topk=-(-draw(st.integers(1, 1024)) // step) * step if extra else None,
+        extra_topk=round_up(draw(st.integers(1, 1024)), caps.topk_multiple_of) if extra else None,
         extra_block_size=draw(st.sampled_from(block_sizes)) if extra else None, extra_cache_layout=extra_layout)
     # The budget counts both scopes' keys, and every query row's own (the oracle gathers
     # batch * q_len * keys of them): a smaller batch, then fewer queries.

@@ -70,7 +70,7 @@ def _length(upper: int):
     return st.one_of(st.integers(1, upper), st.sampled_from(TILE_EDGES).map(lambda n: min(n, upper)))
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
@@ -119,8 +119,8 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
             h < heads_q if needs_groups else "gqa" in features or h == heads_q)]
         heads_kv = draw(st.sampled_from(kv_heads or [heads_q]))
     q_step, kv_step = caps.q_len_multiple_of, caps.kv_len_multiple_of
-    kv_len = _round_up(kv_len, kv_step)
-    q_len = kv_len if caps.q_len_equals_kv_len else _round_up(q_len, q_step)
+    kv_len = round_up(kv_len, kv_step)
+    q_len = kv_len if caps.q_len_equals_kv_len else round_up(q_len, q_step)
 
     def over(b, t, s):
         return call_cost(device, b, heads_q, t, s, head_dim, head_dim_v) > 1

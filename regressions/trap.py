@@ -17,6 +17,7 @@ import torch
 from fmha.contract import KernelEntry
 from fmha.oracles.check import judge_run, oracle_of, run_kernel
 from fmha.oracles.sample import Sample
+from fmha.properties.strategies import round_up
 from fmha.contract import Problem
 
 # A symptom check: (kernel output, float64 oracle output, problem) -> failure text or None.
@@ -81,7 +82,7 @@ def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> 
     if (case.problem.source == "dense" or kernel.availability(device) or not case.problem.sources <= caps.sources
             or (case.problem.cache_layouts and not caps.cache_layouts)):
         return None, "; ".join(reasons)  # what it reads, the kernel does not: nothing to re-lay
-    tried = [c for c in _layouts(case, kernel.capabilities_on(device)) if not kernel.not_supported_reasons(c.problem, device)]
+    tried = [c for c in _layouts(case, caps) if not kernel.not_supported_reasons(c.problem, device)]
     if not tried:
         return None, "; ".join(reasons)
     for candidate in tried:
@@ -148,8 +149,8 @@ def _padded_topks(case: Sample, multiple: int) -> list[dict]:
     p = case.problem
     if p.source != "sparse" or multiple == 1 or not (p.kv_len % multiple or (p.extra_topk or 0) % multiple):
         return [{}]
-    pad = lambda k: -(-k // multiple) * multiple  # noqa: E731
-    padded = dict(kv_len=pad(p.kv_len), extra_topk=pad(p.extra_topk) if p.extra_topk else None)
+    padded = dict(kv_len=round_up(p.kv_len, multiple),
+                  extra_topk=round_up(p.extra_topk, multiple) if p.extra_topk else None)
     unread = dict(topk_lens=case.topk_lens or (p.kv_len,) * p.batch)
     if p.extra_topk:
         unread["extra_topk_lens"] = case.extra_topk_lens or (p.extra_topk,) * p.batch
