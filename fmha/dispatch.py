@@ -22,12 +22,14 @@ import torch
 
 from fmha.contract import KernelEntry, NotSupportedError, Problem, check_attention_args
 from fmha.contract.kernel import source_tensors
-from fmha.kernels import gluon_dense, gluon_sparse, triton_dense, triton_merge, triton_paged
+from fmha.kernels import cuda_sparse, gluon_dense, gluon_sparse, triton_dense, triton_merge, triton_paged
 
 # In priority order: the first that supports a call runs it.
-IMPLEMENTATIONS: tuple[KernelEntry, ...] = (gluon_sparse.ENTRY, gluon_dense.ENTRY, triton_paged.ENTRY,
-                                            triton_dense.ENTRY)
-FAMILIES = {"gluon": ("gluon-sparse", "gluon"), "triton": ("triton-paged", "triton-dense")}
+# The CUDA sparse kernel comes after the Gluon one while it is the slower (BENCHMARKS.md, "the CUDA
+# kernel beside FlashMLA"): `implementation="cuda"` runs it.
+IMPLEMENTATIONS: tuple[KernelEntry, ...] = (gluon_sparse.ENTRY, cuda_sparse.ENTRY, gluon_dense.ENTRY,
+                                            triton_paged.ENTRY, triton_dense.ENTRY)
+FAMILIES = {"cuda": ("cuda-sparse",), "gluon": ("gluon-sparse", "gluon"), "triton": ("triton-paged", "triton-dense")}
 # What fmha.attention supports: the union, the Triton kernels' (dense keys, and contract v2's).
 CAPABILITIES = dataclasses.replace(
     triton_dense.CAPABILITIES, sources=triton_dense.CAPABILITIES.sources | triton_paged.CAPABILITIES.sources,
@@ -66,7 +68,15 @@ def dispatching(entries: Sequence[KernelEntry]):
     def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, **source_args):
         problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                        **source_args)
-        entry = choose(problem, q.device, entries, needs=("out",) if out is not None else ())
+        needs = ("out",) if out is not None else ()
+        entry = choose(problem, q.device, entries, needs=needs)
+        try:
+            return entry.apply(problem, q, k, v, scale=scale, sink=sink, out=out, **source_tensors(source_args))
+        except NotSupportedError:
+            if not entry.availability(q.device):  # a refusal of the call, not a kernel that found it cannot run
+                raise
+        # The kernel found out at call time that it cannot run here (fmha.kernels.cuda_sparse's build failed).
+        entry = choose(problem, q.device, [e for e in entries if e is not entry], needs=needs)
         return entry.apply(problem, q, k, v, scale=scale, sink=sink, out=out, **source_tensors(source_args))
 
     return attention

@@ -20,7 +20,7 @@ import sys
 from fmha import dispatch
 from fmha.adapters import flashinfer, flashmla, flex, sdpa, sdpa_paged, vllm
 from fmha.contract import FULL_CONTRACT, KernelEntry, MergeEntry
-from fmha.kernels import gluon_dense, gluon_sparse, torch_merge
+from fmha.kernels import cuda_sparse, gluon_dense, gluon_sparse, torch_merge
 from fmha.kernels.triton_utils import triton_availability
 from fmha.oracles import reference_kernel
 
@@ -40,6 +40,7 @@ OURS = [
     ),
     gluon_dense.ENTRY,
     gluon_sparse.ENTRY,
+    cuda_sparse.ENTRY,
 ]
 
 OURS_NAMES = frozenset(e.name for e in OURS)

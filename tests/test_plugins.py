@@ -173,7 +173,7 @@ def test_a_plugged_kernel_with_a_hidden_dimension_bug_fails_naming_it(plugged, p
 def test_an_unknown_kernel_name_is_a_usage_error(plugged):
     result = plugged.runpytest(AGREEMENT, "--fmha-kernel=no-such-kernel")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "unknown name; registered: fmha, triton, gluon, gluon-sparse, sdpa-math" in result.stderr.str()
+    assert "unknown name; registered: fmha, triton, gluon, gluon-sparse, cuda-sparse, sdpa-math" in result.stderr.str()
 
 
 def test_a_missing_attribute_is_a_usage_error(plugged):

@@ -144,6 +144,16 @@ def time_us(fn) -> float:
         return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
 
 
+PEER = "FlashMLA"  # the best other kernel, where a bench has it: its column gets fmha's ratio to it
+
+
+def _ratio(ours: str, other) -> str:
+    try:
+        return f"{float(ours) / float(other):.2f}x"
+    except ValueError:  # a cell with no time
+        return "—"
+
+
 def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table) -> None:
     """Time every contender on every shape into `table` (a contender that fails gets its error)."""
     for shape_name, problem in shapes.items():
@@ -156,9 +166,10 @@ def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table) -
             except Exception as e:  # no kernel for this shape, out of resources, ...
                 cells[name] = f"— ({type(e).__name__}: {str(e).splitlines()[0][:60]})" if str(e) else "—"
             torch.cuda.empty_cache()
-        ours = cells.get("fmha", "—")
-        ratio = f"{float(ours) / floor:.2f}x" if ours.replace(".", "").isdigit() else "—"
-        table.add(shape_name, f"{floor:.1f}", *cells.values(), ratio)
+        ratios = [_ratio(cells.get("fmha", "—"), floor)]
+        if PEER in contenders:
+            ratios.append(_ratio(cells.get("fmha", "—"), cells[PEER]))
+        table.add(shape_name, f"{floor:.1f}", *cells.values(), *ratios)
         print(f"{shape_name}: {', '.join(f'{c} {v}' for c, v in cells.items())}", file=sys.stderr, flush=True)
         del inputs
         torch.cuda.empty_cache()
@@ -187,7 +198,8 @@ def main(argv=None) -> int:
         shapes, every, make_inputs = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}, CONTENDERS, inputs
         work = flops, bytes_moved
     contenders = {k: v for k, v in every.items() if not args.only or k in args.only}
-    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), "ours / floor"])
+    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), "ours / floor",
+                   *([f"ours / {PEER}"] if PEER in contenders else [])])
     _rows(shapes, contenders, make_inputs,
           lambda p: max(work[0](p) / rate, work[1](p) / bandwidth) * 1e6, table)
     print(table.markdown())

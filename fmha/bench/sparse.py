@@ -82,6 +82,18 @@ def _ours(p: Problem, x: dict, implementation=None):
                                       implementation=implementation)
 
 
+def _flashmla(p: Problem, x: dict):
+    """DeepSeek's FlashMLA sparse decode as DSV4 calls it (its schedule made outside the timed
+    region); where `flash_mla` is not importable the row says so. Build it with FlashMLA's
+    sources on a Hopper machine (README, "Verify FlashMLA, FlashInfer or vLLM")."""
+    import flash_mla
+
+    schedule, _ = flash_mla.get_mla_metadata()
+    return lambda: flash_mla.flash_mla_with_kvcache(
+        x["q"], x["k_cache"], None, None, 512, schedule, None, is_fp8_kvcache=True, indices=x["indices"],
+        attn_sink=x["sink"], extra_k_cache=x["extra_k_cache"], extra_indices_in_kvcache=x["extra_indices"])
+
+
 def _gathered(p: Problem, x: dict) -> torch.Tensor:
     """Each row's keys of both scopes as one dense K = V (B * T, top-k, 1, 512)."""
     rows = p.batch * p.q_len
@@ -131,7 +143,9 @@ def _gather_then_flex(p: Problem, x: dict):
 
 CONTENDERS = {
     "fmha": _ours,  # fmha.attention: the Gluon sparse-decode kernel on Hopper
-    "fmha, Gluon off": lambda p, x: _ours(p, x, implementation="triton"),  # fmha.kernels.triton_paged
+    "FlashMLA": _flashmla,
+    "fmha, CUDA": lambda p, x: _ours(p, x, implementation="cuda-sparse"),  # fmha.kernels.cuda_sparse
+    "fmha, Triton": lambda p, x: _ours(p, x, implementation="triton"),  # fmha.kernels.triton_paged
     "gather + fmha dense": _gather_then_ours,
     "gather + sdpa efficient": _gather_then_sdpa("EFFICIENT_ATTENTION"),
     "gather + sdpa cudnn": _gather_then_sdpa("CUDNN_ATTENTION"),

@@ -1,0 +1,44 @@
+"""Where fmha.kernels.cuda_sparse's time goes, tile by tile (GPU): clock64() at eight events of each
+of the first CTA's tiles on the first bench shape (fmha.bench.sparse), as cycles from the
+producer's first free stage.
+
+    python -m fmha.bench.sparse_trace
+
+Columns: the producer's stage free and its half tile stored (and copied to the peer); warpgroup
+0's keys ready, QK^T done, P written and P.V done; warpgroup 1's P received and P.V done.
+"""
+
+import sys
+
+import torch
+
+from fmha.bench import sparse
+from fmha.kernels import cuda_sparse
+
+EVENTS = ("prod_free", "prod_stored", "wg0_ready", "wg0_qk", "wg0_p", "wg0_pv", "wg1_pfull", "wg1_pv")
+ORDER = (6, 7, 0, 1, 2, 3, 4, 5)  # the kernel's event numbers, in the columns' order
+
+
+def main() -> int:
+    if cuda_sparse.availability("cuda"):
+        print(f"fmha.bench.sparse_trace: {cuda_sparse.availability('cuda')}", file=sys.stderr)
+        return 2
+    name, p = next(iter(sparse.SHAPES.items()))
+    x = sparse.inputs(p)
+    trace = torch.zeros(64 * 8, dtype=torch.int64, device="cuda")
+    o = torch.empty(p.batch, p.q_len, p.heads_q, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(p.batch, p.heads_q, p.q_len, dtype=torch.float32, device="cuda")
+    for _ in range(3):  # the last run's clocks stay
+        cuda_sparse.module().sparse_decode(x["q"], o, lse, x["sink"], x["k_cache"], x["indices"], None, 1,
+                                           x["extra_k_cache"], x["extra_indices"], None, 1, 512**-0.5, trace)
+    t = trace.view(64, 8).cpu()
+    tiles = -(-p.kv_len // 64) - -(-p.extra_topk // 64)
+    print(f"{name}, {torch.cuda.get_device_name()}: cycles from the producer's first free stage")
+    print("tile " + " ".join(f"{e:>11}" for e in EVENTS))
+    for i in range(min(tiles, 64)):
+        print(f"{i:4d} " + " ".join(f"{int(t[i, e] - t[0, 6]):11d}" for e in ORDER))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

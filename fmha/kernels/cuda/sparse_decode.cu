@@ -1,0 +1,717 @@
+// DeepSeek-V4's sparse decode on Hopper (sm_90a) in CUDA C++: each query row's keys by index
+// over one or two quantized K = V caches (dsv4-fp8, dsv4-fp4), head dim 512, a sink, bf16 q/o.
+// fmha/kernels/cuda_sparse.py builds it with torch's extension loader and documents the design;
+// the facts it rests on (wgmma operand layouts, st.async, cluster barriers) are NVIDIA's PTX ISA.
+//
+// One CTA owns 64 query heads of one (request, query row). Heads > 64 run as a 2-CTA cluster
+// (CL = 2): per 64-key tile each CTA gathers and dequantizes 32 keys and stores the bf16 rows
+// into its own shared memory and its peer's (st.async, completing bytes on the receiver's
+// mbarrier), so a key is dequantized once for 128 heads. Warpgroups: 0 = QK^T, online softmax,
+// P.V for Dv[0:256]; 1 = P.V for Dv[256:512]; 2 = gather + dequantize (the producer).
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#ifndef FMHA_KERNEL_ONLY  // -DFMHA_KERNEL_ONLY compiles the kernels alone, without torch's headers
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include "wgmma.cuh"
+
+namespace {
+
+constexpr int ROWS = 64;          // query heads per CTA (wgmma M)
+constexpr int KEYS = 64;          // keys per tile
+constexpr int DIM = 512;
+constexpr int CHUNK_BYTES = ROWS * 128;      // [64 rows][64 bf16] swizzled 128B: 8 KiB
+constexpr int Q_BYTES = 8 * CHUNK_BYTES;     // 64 KiB
+constexpr int TILE_BYTES = 8 * CHUNK_BYTES;  // 64 keys x 512 bf16
+constexpr int STAGES = 2;
+constexpr int P_BYTES = ROWS * KEYS * 2;     // one of P's halves (hi or lo): 8 KiB
+// What a 2-CTA cluster's peer copies into a stage per tile: its 32 keys' rows and their 0 / -inf.
+constexpr uint32_t PEER_TX = KEYS / 2 * (DIM * 2 + 4);
+
+constexpr int OFF_Q = 0;
+constexpr int OFF_K = OFF_Q + Q_BYTES;
+constexpr int OFF_P = OFF_K + STAGES * TILE_BYTES;      // 2 buffers x (hi, lo)
+constexpr int OFF_BIAS = OFF_P + 2 * 2 * P_BYTES;      // [STAGES][KEYS] float
+constexpr int OFF_ALPHA = OFF_BIAS + STAGES * KEYS * 4; // [2][ROWS] float
+constexpr int OFF_FINAL = OFF_ALPHA + 2 * ROWS * 4;     // [2][ROWS] float: rescale, denominator
+constexpr int OFF_BAR = OFF_FINAL + 2 * ROWS * 4;       // mbarriers
+constexpr int BAR_READY = 0, BAR_FREE = STAGES, BAR_PFULL = 2 * STAGES, BAR_PFREE = 2 * STAGES + 2;
+constexpr int N_BARS = 2 * STAGES + 4;
+constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024;  // + the 1024-byte alignment of the base
+
+constexpr int THREADS = 384;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+enum Layout { NONE = 0, FP8 = 1, FP4 = 2 };
+
+struct Scope {
+  const uint8_t* cache;  // bytes of padded pages
+  const int* indices;    // (B, T, topk) slots
+  const int* topk_len;   // (B,) or null
+  long long page_stride, idx_sb, idx_st, idx_sk;
+  int block_size, topk, layout;
+};
+
+struct Params {
+  const __nv_bfloat16* q;
+  __nv_bfloat16* o;
+  float* lse;
+  const float* sink;  // (Hq,) or null
+  long long q_sb, q_st, q_sh, o_sb, o_st, o_sh, l_sb, l_sh, l_st;
+  Scope scope[2];
+  int n_scopes, T, heads, head_blocks;
+  float qk_scale_log2;
+  int64_t* trace;  // null, or clock64() at 8 events of each of the first CTA's first 64 tiles
+};
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// The shared::cluster address of `addr` (a shared::cta address here) in CTA `rank`'s memory.
+__device__ __forceinline__ uint32_t peer_addr(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+
+__device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+// Waits for the phase of parity `parity` to complete; acquire at cluster scope, as a peer's
+// st.async bytes and remote arrivals (release.cluster) land on these barriers.
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+  __syncwarp();  // the lanes leave the spin at different times: converge before .aligned instructions
+}
+
+__device__ __forceinline__ void bar_arrive_local(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive_cluster(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+}
+
+__device__ __forceinline__ void bar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// `bytes` of this CTA's shared memory at `src` to a peer's at `dst` (cluster addresses) by the
+// bulk copy engine, completing them on the peer's barrier `bar`.
+__device__ __forceinline__ void copy_to_peer(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "r"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+template <int REGS>
+__device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS)); }
+template <int REGS>
+__device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS)); }
+
+// A wgmma shared-memory descriptor for a 128-byte-swizzled operand (bf16 rows of 64).
+// K-major (q, P, keys for QK^T): SBO = 1024 (the next 8 rows), LBO unused.
+// MN-major (keys as V for P.V): LBO = 8192 (the next 64 dims), SBO = 1024 (the next 8 keys).
+__device__ __forceinline__ uint64_t descriptor(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// Byte offset of 16-byte unit `unit` (8 bf16) of row `row` in a [rows][64] 128B-swizzled chunk.
+__device__ __forceinline__ uint32_t swizzled(int row, int unit) {
+  return row * 128 + (((unit ^ row) & 7) << 4);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---- dequantization -------------------------------------------------------------------------
+
+// 2^(code - 127) as a float (ue8m0; 0xFF is NaN). Code 0 is 2^-127, a subnormal.
+__device__ __forceinline__ float ue8m0(uint32_t code) {
+  return code == 0xFF ? __uint_as_float(0x7FC00000u) : code == 0 ? __uint_as_float(0x00400000u)
+                                                                 : __uint_as_float(code << 23);
+}
+
+// One e4m3 code times 2^(scale - 127), exactly, through fp32 (subnormals, zeros, NaN codes and
+// scales outside the fast path's range).
+__device__ __forceinline__ float e4m3_scaled(uint32_t byte, uint32_t scale) {
+  if ((byte & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);
+  // The code's bits placed as an fp32's exponent and mantissa are its value times 2^-120.
+  float v = __uint_as_float(((byte & 0x7F) << 20) | ((byte & 0x80) << 24)) * 1.329227995784916e+36f;  // 2^120
+  return v * ue8m0(scale);
+}
+
+// Four e4m3 codes (a word, low byte first) times 2^(scale - 127) as two bf16x2 words.
+// The fast path folds the scale into the exponent with one integer add: a normal code's
+// exponent and mantissa bits shifted into a bf16's are its value times 2^-120, so adding
+// (scale - 7) to the exponent field gives the scaled value, exactly, while the field stays in
+// [1, 254]. Codes with a zero exponent (zero, subnormals), NaN codes and scales outside
+// [7, 239] go through e4m3_scaled.
+__device__ __forceinline__ void e4m3x4(uint32_t w, uint32_t scale, uint32_t& lo, uint32_t& hi) {
+  const uint32_t exps = w & 0x78787878u, mags = w & 0x7F7F7F7Fu;
+  const bool fast = (((exps + 0x78787878u) & ~(mags + 0x01010101u) & 0x80808080u) == 0x80808080u) &&
+                    scale >= 7 && scale <= 239;
+  if (fast) {
+    const uint32_t bias = ((scale - 7) << 7) * 0x10001u;
+    const uint32_t x0 = __byte_perm(w, 0, 0x1404), x1 = __byte_perm(w, 0, 0x3424);  // bytes 1 and 3
+    lo = (((x0 >> 4) & 0x07F007F0u) + bias) | (x0 & 0x80008000u);
+    hi = (((x1 >> 4) & 0x07F007F0u) + bias) | (x1 & 0x80008000u);
+  } else {
+    lo = pack_bf16(e4m3_scaled(w & 0xFF, scale), e4m3_scaled((w >> 8) & 0xFF, scale));
+    hi = pack_bf16(e4m3_scaled((w >> 16) & 0xFF, scale), e4m3_scaled(w >> 24, scale));
+  }
+}
+
+// 2^(code - 127) as bf16x2 (both halves), for the FP4 path's multiply.
+__device__ __forceinline__ uint32_t ue8m0_bf16x2(uint32_t code) {
+  const uint32_t h = code == 0xFF ? 0x7FC0u : code == 0 ? 0x0040u : code << 7;
+  return h * 0x10001u;
+}
+
+// Four e2m1 codes (16 bits, code 0 in the low nibble) times a bf16x2 scale: two bf16x2 words.
+// The magnitudes' bf16 bytes come from two 8-entry tables (prmt), the sign bits are moved in,
+// then one bf16x2 multiply each (exact: a 2-bit significand times a power of two).
+__device__ __forceinline__ void e2m1x4(uint32_t w, uint32_t scale2, uint32_t& lo, uint32_t& hi) {
+  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 in bf16: 0000 3F00 3F80 3FC0 4000 4040 4080 40C0
+  const uint32_t sel = w & 0x7777u;
+  const uint32_t high = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
+  const uint32_t low = __byte_perm(0xC0800000u, 0xC0804000u, sel);
+  const uint32_t s0 = ((w << 12) & 0x8000u) | ((w << 24) & 0x80000000u);
+  const uint32_t s1 = ((w << 4) & 0x8000u) | ((w << 16) & 0x80000000u);
+  lo = bf16x2_mul(__byte_perm(low, high, 0x5140) | s0, scale2);
+  hi = bf16x2_mul(__byte_perm(low, high, 0x7362) | s1, scale2);
+}
+
+// ---- the producer: gather, dequantize, store into both CTAs ---------------------------------
+
+// A key's bytes, loaded before its stage is free so that their latency overlaps the wait.
+// FP8: data[0:7] this thread's 16 codes of each group, data[7:9] its rope bytes, scales.x/y the
+// token's 8 scale bytes. FP4: data[0:4] its tiles (sub, sub + 4, ... < 14), data[4:6] rope, scales the 16.
+struct KeyBytes {
+  uint4 data[9];
+  uint4 scales;
+  bool read;
+};
+
+__device__ __forceinline__ KeyBytes load_key(const Scope& sc, int slot, int sub) {
+  KeyBytes k;
+  k.read = slot >= 0;
+#pragma unroll
+  for (int i = 0; i < 9; ++i) k.data[i] = make_uint4(0, 0, 0, 0);
+  k.scales = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+  if (!k.read) return k;
+  const uint8_t* page = sc.cache + static_cast<long long>(slot / sc.block_size) * sc.page_stride;
+  const int offset = slot % sc.block_size;
+  if (sc.layout == FP8) {
+    // 576 data bytes a token (7 groups of 64 e4m3, then 64 bf16 rope dims), then the page's
+    // scales: 8 bytes a token (7 ue8m0, one pad).
+    const uint8_t* token = page + offset * 576;
+    const uint2 scales = __ldg(reinterpret_cast<const uint2*>(page + sc.block_size * 576 + offset * 8));
+    k.scales.x = scales.x, k.scales.y = scales.y;
+#pragma unroll
+    for (int g = 0; g < 7; ++g) k.data[g] = __ldg(reinterpret_cast<const uint4*>(token + g * 64 + sub * 16));
+#pragma unroll
+    for (int j = 0; j < 2; ++j) k.data[7 + j] = __ldg(reinterpret_cast<const uint4*>(token + 448 + (sub + 4 * j) * 16));
+  } else {
+    // 352 data bytes a token (14 tiles of 32 e2m1, two a byte, then 64 bf16 rope dims), then
+    // 16 scale bytes a token (14 ue8m0, two pads).
+    const uint8_t* token = page + offset * 352;
+    k.scales = __ldg(reinterpret_cast<const uint4*>(page + sc.block_size * 352 + offset * 16));
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (sub + 4 * j < 14) k.data[j] = __ldg(reinterpret_cast<const uint4*>(token + (sub + 4 * j) * 16));
+#pragma unroll
+    for (int j = 0; j < 2; ++j) k.data[4 + j] = __ldg(reinterpret_cast<const uint4*>(token + 224 + (sub + 4 * j) * 16));
+  }
+  return k;
+}
+
+// Key `key` of the tile (0-63) into this CTA's stage `stage`: 4 threads a key, `sub` (0-3)
+// picks this thread's 16-byte pieces. A key not read is zeros (so that no byte of
+// it, NaN poison included, reaches a sum) with bias -inf.
+__device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key, int sub, uint8_t* smem, int stage) {
+  const uint32_t tile = smem_u32(smem + OFF_K + stage * TILE_BYTES);
+  auto store = [&](uint32_t off, uint4 v) { st_shared16(tile + off, v); };
+  if (sub == 0) reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] = k.read ? 0.f : -INFINITY;
+  if (!k.read) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 16; ++u) store((u / 2) * CHUNK_BYTES + swizzled(key, 2 * sub + (u % 2)), zero);
+    return;
+  }
+  if (layout == FP8) {
+#pragma unroll
+    for (int g = 0; g < 7; ++g) {
+      const uint32_t scale = ((g < 4 ? k.scales.x >> (8 * g) : k.scales.y >> (8 * (g - 4)))) & 0xFF;
+      uint4 a, b;
+      e4m3x4(k.data[g].x, scale, a.x, a.y);
+      e4m3x4(k.data[g].y, scale, a.z, a.w);
+      e4m3x4(k.data[g].z, scale, b.x, b.y);
+      e4m3x4(k.data[g].w, scale, b.z, b.w);
+      store(g * CHUNK_BYTES + swizzled(key, 2 * sub), a);
+      store(g * CHUNK_BYTES + swizzled(key, 2 * sub + 1), b);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[7 + j]);
+  } else {
+    const uint32_t scale_words[4] = {k.scales.x, k.scales.y, k.scales.z, k.scales.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int tile = sub + 4 * j;  // dims 32 tile .. 32 tile + 31: chunk tile / 2, units 4 (tile % 2) ..
+      if (tile < 14) {
+        const uint32_t scale2 = ue8m0_bf16x2((scale_words[j] >> (8 * sub)) & 0xFF);  // scale byte `tile`
+        const uint32_t words[4] = {k.data[j].x, k.data[j].y, k.data[j].z, k.data[j].w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {  // 8 codes a word: one 16-byte unit of 8 bf16
+          uint4 v;
+          e2m1x4(words[u] & 0xFFFF, scale2, v.x, v.y);
+          e2m1x4(words[u] >> 16, scale2, v.z, v.w);
+          store((tile / 2) * CHUNK_BYTES + swizzled(key, 4 * (tile % 2) + u), v);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[4 + j]);
+  }
+}
+
+__device__ __forceinline__ int scope_keys(const Scope& sc, int b) {
+  return sc.topk_len ? sc.topk_len[b] : sc.topk;
+}
+
+__device__ __forceinline__ void trace(const Params& p, int tile, int event) {
+  if (p.trace && blockIdx.x == 0 && blockIdx.y == 0 && tile < 64) p.trace[tile * 8 + event] = clock64();
+}
+
+// The tiles: the first scope's keys in tiles of 64, then the second's. A CTA of a 2-CTA
+// cluster gathers half of each tile (keys 32 rank ..) into its own shared memory, then one thread
+// has the bulk copy engine copy that half into the peer's (8 chunks of 4 KiB and the 0 / -inf
+// row); a lone CTA gathers both halves, one at a time.
+template <int CL>
+__device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t rank) {
+  const int tid = threadIdx.x - 256;
+  const int key_in_half = tid / 4, sub = tid % 4;
+  const uint32_t free_bar = smem_u32(smem + OFF_BAR + BAR_FREE * 8);
+  const uint32_t ready_bar = smem_u32(smem + OFF_BAR + BAR_READY * 8);
+  const int n0 = scope_keys(p.scope[0], b), tiles0 = (n0 + KEYS - 1) / KEYS;
+  const int n1 = p.n_scopes > 1 ? scope_keys(p.scope[1], b) : 0;
+  constexpr int HALVES = CL == 2 ? 1 : 2;
+  const int pieces = (tiles0 + (n1 + KEYS - 1) / KEYS) * HALVES;
+  auto half_of = [&](int piece) { return CL == 2 ? static_cast<int>(rank) : piece % 2; };
+  auto slot_of = [&](int piece) {  // this thread's key's slot in piece `piece`, or -1
+    const int tile = piece / HALVES, second = tile >= tiles0;
+    const Scope& sc = p.scope[second];
+    const int j = (tile - (second ? tiles0 : 0)) * KEYS + half_of(piece) * 32 + key_in_half;
+    return j < (second ? n1 : n0) ? sc.indices[b * sc.idx_sb + t * sc.idx_st + j * sc.idx_sk] : -1;
+  };
+  int slot = pieces > 0 ? slot_of(0) : -1;
+  for (int piece = 0; piece < pieces; ++piece) {
+    const int tile = piece / HALVES, stage = tile % STAGES;
+    const Scope& sc = p.scope[tile >= tiles0];
+    const KeyBytes bytes = load_key(sc, slot, sub);
+    slot = piece + 1 < pieces ? slot_of(piece + 1) : -1;  // in flight with this piece's bytes
+    if (piece % HALVES == 0) {  // both CTAs' consumers are done with the stage (the peer's too: we copy into it)
+      bar_wait(free_bar + stage * 8, ((tile / STAGES) & 1) ^ 1);
+      if (tid == 0) trace(p, tile, 6);
+    }
+    store_key(sc.layout, bytes, half_of(piece) * 32 + key_in_half, sub, smem, stage);
+    if (piece % HALVES != HALVES - 1) continue;
+    fence_proxy_async();  // the tile is read by wgmma and the bulk copy engine (the async proxy)
+    named_sync(4, 128);
+    if (tid == 0) {
+      if (CL == 2) {
+        const uint32_t peer = rank ^ 1, half = rank * 32;
+        const uint32_t tile_at = smem_u32(smem + OFF_K + stage * TILE_BYTES) + half * 128;
+        const uint32_t bias_at = smem_u32(smem + OFF_BIAS + (stage * KEYS + half) * 4);
+        const uint32_t peer_ready = peer_addr(ready_bar + stage * 8, peer);
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+          copy_to_peer(peer_addr(tile_at + c * CHUNK_BYTES, peer), tile_at + c * CHUNK_BYTES, 32 * 128, peer_ready);
+        copy_to_peer(peer_addr(bias_at, peer), bias_at, 32 * 4, peer_ready);
+      }
+      // Our half is written (the barrier above orders the other threads' stores before this
+      // release); the peer's half lands as bytes on the same barrier.
+      bar_expect_tx(ready_bar + stage * 8, CL == 2 ? PEER_TX : 0);
+      trace(p, tile, 7);
+    }
+  }
+}
+
+// ---- the consumers --------------------------------------------------------------------------
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+  return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
+// Both consumer warpgroups free a stage in every CTA of the cluster (its producer writes into both).
+template <int CL>
+__device__ __forceinline__ void release_stage(uint8_t* smem, int stage) {
+  const uint32_t bar = smem_u32(smem + OFF_BAR + (BAR_FREE + stage) * 8);
+#pragma unroll
+  for (int r = 0; r < CL; ++r) bar_arrive_cluster(CL == 1 ? bar : peer_addr(bar, r));
+}
+
+// P.V for one half of Dv (`half`: dims 256 half ..) from P buffer `pb` (hi then lo) and stage `stage`.
+__device__ __forceinline__ void pv(float* acc, uint8_t* smem, int pb, int stage, int half) {
+  const uint32_t p_hi = smem_u32(smem + OFF_P + pb * 2 * P_BYTES);
+  const uint32_t v = smem_u32(smem + OFF_K + stage * TILE_BYTES + half * 4 * CHUNK_BYTES);
+  wgmma_fence();
+#pragma unroll
+  for (int part = 0; part < 2; ++part)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n256k16_b_mn_major(acc, descriptor(p_hi + part * P_BYTES + kk * 32, 16, 1024),
+                                  descriptor(v + kk * 2048, 8192, 1024), 1);
+  wgmma_commit();
+  wgmma_wait0();
+}
+
+// Row r0 = 16 warp + lane / 4 and r0 + 8 of the warpgroup's 64; columns 8 j + 2 (lane % 4) + {0, 1}.
+template <int CL>
+__device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int r0 = warp * 16 + lane / 4, quad = lane % 4;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const uint32_t q = smem_u32(smem + OFF_Q);
+  const float* bias_s = reinterpret_cast<const float*>(smem + OFF_BIAS);
+  float* alpha_s = reinterpret_cast<float*>(smem + OFF_ALPHA);
+  for (int i = 0; i < n_tiles; ++i) {
+    const int stage = i % STAGES, pb = i % 2;
+    bar_wait(smem_u32(smem + OFF_BAR + (BAR_READY + stage) * 8), (i / STAGES) & 1);
+    fence_proxy_async();
+    if (tid == 0) trace(p, i, 0);
+    float s[32] = {};
+    const uint32_t k = smem_u32(smem + OFF_K + stage * TILE_BYTES);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 32; ++kk)
+      wgmma_m64n64k16(s, descriptor(q + (kk / 4) * CHUNK_BYTES + (kk % 4) * 32, 16, 1024),
+                      descriptor(k + (kk / 4) * CHUNK_BYTES + (kk % 4) * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_wait0();
+    if (tid == 0) trace(p, i, 1);
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float bias = bias_s[stage * KEYS + 8 * j + 2 * quad + (e & 1)];
+        s[4 * j + e] = s[4 * j + e] * p.qk_scale_log2 + bias;
+        row_max[e / 2] = fmaxf(row_max[e / 2], s[4 * j + e]);
+      }
+    float alpha[2], m_use[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], quad_max(row_max[h]));
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: exp2(-inf - 0) = 0
+      alpha[h] = fast_exp2(m[h] - m_use[h]);
+      m[h] = m_new;
+    }
+    // P as bf16 hi + lo into buffer pb, once warpgroup 1 is done with it (tile i - 2).
+    bar_wait(smem_u32(smem + OFF_BAR + (BAR_PFREE + pb) * 8), ((i / 2) & 1) ^ 1);
+    uint8_t* p_hi = smem + OFF_P + pb * 2 * P_BYTES;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float x0 = fast_exp2(s[4 * j + 2 * h] - m_use[h]), x1 = fast_exp2(s[4 * j + 2 * h + 1] - m_use[h]);
+        sum[h] += x0 + x1;
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(x0, x1);
+        const float2 hf = __bfloat1622float2(hi);
+        const uint32_t lo = pack_bf16(x0 - hf.x, x1 - hf.y);
+        const uint32_t at = swizzled(r0 + 8 * h, j) + 4 * quad;
+        *reinterpret_cast<__nv_bfloat162*>(p_hi + at) = hi;
+        *reinterpret_cast<uint32_t*>(p_hi + P_BYTES + at) = lo;
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] = l[h] * alpha[h] + quad_sum(sum[h]);
+      if (quad == 0) alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h];
+    }
+    fence_proxy_async();
+    named_sync(1, 128);  // all of P written (wgmma reads it next)
+    if (tid == 0) {
+      bar_arrive_local(smem_u32(smem + OFF_BAR + (BAR_PFULL + pb) * 8));
+      trace(p, i, 2);
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      acc[4 * j] *= alpha[0], acc[4 * j + 1] *= alpha[0];
+      acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
+    }
+    pv(acc, smem, pb, stage, 0);
+    named_sync(1, 128);
+    if (tid == 0) {
+      release_stage<CL>(smem, stage);
+      trace(p, i, 3);
+    }
+  }
+  // The sink joins the denominator once; the max is taken with it first so it cannot overflow.
+  float* final_s = reinterpret_cast<float*>(smem + OFF_FINAL);
+  float rescale[2], denominator[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = head0 + r0 + 8 * h;
+    rescale[h] = 1.f;
+    if (p.sink) {
+      const float sink = head < p.heads ? p.sink[head] * LOG2E : -INFINITY;
+      const float m_final = fmaxf(m[h], sink);
+      const float m_safe = m_final == -INFINITY ? 0.f : m_final;
+      rescale[h] = exp2f(m[h] - m_safe);
+      l[h] = l[h] * rescale[h] + exp2f(sink - m_safe);
+      m[h] = m_final;
+    }
+    const bool empty = l[h] == 0.f;
+    denominator[h] = empty ? 1.f : l[h];
+    if (quad == 0) {
+      final_s[r0 + 8 * h] = rescale[h];
+      final_s[ROWS + r0 + 8 * h] = denominator[h];
+      if (head < p.heads)
+        p.lse[b * p.l_sb + head * p.l_sh + t * p.l_st] = empty ? -INFINITY : (m[h] + log2f(l[h])) * LN2;
+    }
+  }
+  named_sync(2, 256);  // final_s to warpgroup 1
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = head0 + r0 + 8 * h;
+    if (head >= p.heads) continue;
+    const float f = rescale[h] / denominator[h];
+    __nv_bfloat16* o = p.o + b * p.o_sb + t * p.o_st + head * p.o_sh;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<uint32_t*>(o + 8 * j + 2 * quad) = pack_bf16(acc[4 * j + 2 * h] * f, acc[4 * j + 2 * h + 1] * f);
+  }
+}
+
+template <int CL>
+__device__ void second_half_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles) {
+  const int tid = threadIdx.x - 128, warp = tid / 32, lane = tid % 32;
+  const int r0 = warp * 16 + lane / 4, quad = lane % 4;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  const float* alpha_s = reinterpret_cast<const float*>(smem + OFF_ALPHA);
+  for (int i = 0; i < n_tiles; ++i) {
+    const int stage = i % STAGES, pb = i % 2;
+    bar_wait(smem_u32(smem + OFF_BAR + (BAR_READY + stage) * 8), (i / STAGES) & 1);
+    bar_wait(smem_u32(smem + OFF_BAR + (BAR_PFULL + pb) * 8), (i / 2) & 1);
+    fence_proxy_async();
+    if (tid == 0) trace(p, i, 4);
+    const float a0 = alpha_s[pb * ROWS + r0], a1 = alpha_s[pb * ROWS + r0 + 8];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      acc[4 * j] *= a0, acc[4 * j + 1] *= a0;
+      acc[4 * j + 2] *= a1, acc[4 * j + 3] *= a1;
+    }
+    pv(acc, smem, pb, stage, 1);
+    named_sync(3, 128);
+    if (tid == 0) {
+      bar_arrive_local(smem_u32(smem + OFF_BAR + (BAR_PFREE + pb) * 8));
+      release_stage<CL>(smem, stage);
+      trace(p, i, 5);
+    }
+  }
+  named_sync(2, 256);
+  const float* final_s = reinterpret_cast<const float*>(smem + OFF_FINAL);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = r0 + 8 * h, head = head0 + row;
+    if (head >= p.heads) continue;
+    const float f = final_s[row] / final_s[ROWS + row];
+    __nv_bfloat16* o = p.o + b * p.o_sb + t * p.o_st + head * p.o_sh + 256;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<uint32_t*>(o + 8 * j + 2 * quad) = pack_bf16(acc[4 * j + 2 * h] * f, acc[4 * j + 2 * h + 1] * f);
+  }
+}
+
+template <int CL>
+__global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_constant__ Params p) {
+  extern __shared__ uint8_t raw_smem[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw_smem) + 1023) & ~uintptr_t(1023));
+  const int row = blockIdx.y, b = row / p.T, t = row % p.T;
+  const int head0 = blockIdx.x * ROWS;
+  const uint32_t rank = CL == 1 ? 0 : cluster_rank();
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      bar_init(smem_u32(smem + OFF_BAR + (BAR_READY + s) * 8), 1);
+      bar_init(smem_u32(smem + OFF_BAR + (BAR_FREE + s) * 8), 2 * CL);
+    }
+    for (int i = 0; i < 2; ++i) {
+      bar_init(smem_u32(smem + OFF_BAR + (BAR_PFULL + i) * 8), 1);
+      bar_init(smem_u32(smem + OFF_BAR + (BAR_PFREE + i) * 8), 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // q (this CTA's 64 heads; rows past Hq are zeros) into shared memory, 16 bytes a thread.
+  const __nv_bfloat16* q = p.q + b * p.q_sb + t * p.q_st;
+  for (int u = threadIdx.x; u < ROWS * 64; u += THREADS) {
+    const int r = u / 64, unit = u % 64, head = head0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (head < p.heads) v = *reinterpret_cast<const uint4*>(q + head * p.q_sh + unit * 8);
+    *reinterpret_cast<uint4*>(smem + OFF_Q + (unit / 8) * CHUNK_BYTES + swizzled(r, unit % 8)) = v;
+  }
+  fence_proxy_async();
+  __syncthreads();
+  if (CL > 1) cluster_sync(); else __syncthreads();  // barriers initialised before any peer uses them
+
+  int n_tiles = 0;
+  for (int s = 0; s < p.n_scopes; ++s) n_tiles += (scope_keys(p.scope[s], b) + KEYS - 1) / KEYS;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 2) {
+    regs_dec<96>();
+    producer<CL>(p, smem, b, t, rank);
+  } else if (warpgroup == 0) {
+    regs_inc<240>();
+    softmax_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
+  } else {  // keeps the 168 registers of the launch: the producer's release pays for warpgroup 0's 240
+    second_half_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
+  }
+  // No CTA leaves while its peer may still store into its memory or arrive on its barriers.
+  if (CL > 1) cluster_sync();
+}
+
+#ifndef FMHA_KERNEL_ONLY
+Scope scope_of(const torch::Tensor& cache, const torch::Tensor& indices, const c10::optional<torch::Tensor>& topk_len,
+               int64_t layout) {
+  Scope s{};
+  s.cache = cache.data_ptr<uint8_t>();
+  s.indices = indices.data_ptr<int>();
+  s.topk_len = topk_len ? topk_len->data_ptr<int>() : nullptr;
+  s.page_stride = cache.stride(0);
+  s.idx_sb = indices.stride(0), s.idx_st = indices.stride(1), s.idx_sk = indices.stride(2);
+  s.block_size = static_cast<int>(cache.size(1));
+  s.topk = static_cast<int>(indices.size(2));
+  s.layout = static_cast<int>(layout);
+  return s;
+}
+
+template <int CL>
+void launch(const Params& p, dim3 grid, cudaStream_t stream) {
+  auto kernel = sparse_decode_kernel<CL>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(THREADS);
+  config.dynamicSmemBytes = SMEM_BYTES;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = CL;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
+}  // namespace
+
+// o (B, T, Hq, 512) bf16 and lse (B, Hq, T) float32 are written; the caller has checked the call.
+void sparse_decode(torch::Tensor q, torch::Tensor o, torch::Tensor lse, c10::optional<torch::Tensor> sink,
+                   torch::Tensor cache, torch::Tensor indices, c10::optional<torch::Tensor> topk_len, int64_t layout,
+                   c10::optional<torch::Tensor> extra_cache, c10::optional<torch::Tensor> extra_indices,
+                   c10::optional<torch::Tensor> extra_topk_len, int64_t extra_layout, double qk_scale,
+                   c10::optional<torch::Tensor> trace) {
+  TORCH_CHECK(q.stride(3) == 1 && o.stride(3) == 1, "q, o: the head dim must be contiguous");
+  const c10::cuda::CUDAGuard guard(q.device());
+  Params p{};
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q.data_ptr<at::BFloat16>());
+  p.o = reinterpret_cast<__nv_bfloat16*>(o.data_ptr<at::BFloat16>());
+  p.lse = lse.data_ptr<float>();
+  p.sink = sink ? sink->data_ptr<float>() : nullptr;
+  p.q_sb = q.stride(0), p.q_st = q.stride(1), p.q_sh = q.stride(2);
+  p.o_sb = o.stride(0), p.o_st = o.stride(1), p.o_sh = o.stride(2);
+  p.l_sb = lse.stride(0), p.l_sh = lse.stride(1), p.l_st = lse.stride(2);
+  p.scope[0] = scope_of(cache, indices, topk_len, layout);
+  p.n_scopes = 1;
+  if (extra_cache) {
+    p.scope[1] = scope_of(*extra_cache, *extra_indices, extra_topk_len, extra_layout);
+    p.n_scopes = 2;
+  }
+  const int B = static_cast<int>(q.size(0)), T = static_cast<int>(q.size(1));
+  p.T = T;
+  p.heads = static_cast<int>(q.size(2));
+  p.qk_scale_log2 = static_cast<float>(qk_scale) * LOG2E;
+  p.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
+  const int cl = p.heads > ROWS ? 2 : 1;
+  const int blocks = (p.heads + ROWS - 1) / ROWS;
+  p.head_blocks = (blocks + cl - 1) / cl * cl;
+  const dim3 grid(p.head_blocks, B * T);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (cl == 2) launch<2>(p, grid, stream); else launch<1>(p, grid, stream);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("sparse_decode", &sparse_decode, "fmha's DSV4 sparse decode (sm_90a)");
+  m.attr("smem_bytes") = SMEM_BYTES;
+}
+#else
+template __global__ void sparse_decode_kernel<1>(const __grid_constant__ Params);
+template __global__ void sparse_decode_kernel<2>(const __grid_constant__ Params);
+}  // namespace
+#endif

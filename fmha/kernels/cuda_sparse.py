@@ -1,0 +1,148 @@
+"""DeepSeek-V4's sparse decode on Hopper in CUDA C++ (fmha/kernels/cuda/sparse_decode.cu): each
+query row's keys by index over one or two quantized caches (dsv4-fp8, dsv4-fp4), K = V of head
+dim 512, a sink, in bf16.
+
+What Gluon cannot express and this kernel does: a CTA cluster's distributed shared memory.
+- A CTA owns 64 query heads of one (request, query row); Hq > 64 runs as a 2-CTA cluster. Per
+  64-key tile each CTA gathers and dequantizes 32 keys and stores the bf16 rows into its own
+  shared memory and its peer's (`st.async`, completing bytes on the receiver's mbarrier); a
+  stage is free once both consumer warpgroups of both CTAs arrive on it (remote arrives). So a
+  key is read and dequantized once for 128 heads (fmha.kernels.gluon_sparse: once per 64).
+- Dequantization is integer work: an e4m3 code's bits moved into a bf16's, the ue8m0 scale
+  added to the exponent field (one add for two values); zeros, subnormals, NaN codes and
+  scales far from 1 take an exact fp32 path. e2m1 codes go through two 8-entry byte tables
+  (`prmt`) and one bf16x2 multiply by the scale.
+- Warpgroup 0: QK^T (wgmma m64n64k16, q and keys from shared memory), the online softmax,
+  P as bf16 hi + lo (the gate's precision: P rounded to bf16 alone is FlashMLA's 0.9999979),
+  P.V for Dv[0:256]; warpgroup 1: P.V for Dv[256:512] (m64n256k16, the key tile read as V);
+  warpgroup 2: the producer. Two key stages, two P buffers.
+
+Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
+configs, but 2.1-2.2x FlashMLA's time (its producer is the bottleneck), so fmha.attention runs
+the Gluon kernel first; `implementation="cuda"` runs this one.
+
+Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
+~/.cache/torch_extensions). Where it cannot build or run, `availability` says why and
+fmha.attention runs fmha.kernels.gluon_sparse. Without a GPU or torch's CUDA headers the kernels
+compile alone, with their register report: `nvcc -c -DFMHA_KERNEL_ONLY -Xptxas -v
+-gencode=arch=compute_90a,code=sm_90a -std=c++17 fmha/kernels/cuda/sparse_decode.cu`.
+A build that fails is a NotSupportedError with its reason, and fmha.attention runs the next
+kernel (fmha.kernels.gluon_sparse).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+
+import torch
+
+from fmha.contract import Capabilities, NotSupportedError, implemented_by
+
+SOURCE_DIR = os.path.join(os.path.dirname(__file__), "cuda")
+SOURCE = os.path.join(SOURCE_DIR, "sparse_decode.cu")
+NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DNDEBUG")
+LAYOUT_CODES = {"dsv4-fp8": 1, "dsv4-fp4": 2}
+
+
+def nvcc() -> str | None:
+    """The nvcc torch's loader would use, or None."""
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    candidate = os.path.join(home, "bin", "nvcc") if home else None
+    return candidate if candidate and os.path.exists(candidate) else shutil.which("nvcc")
+
+
+_BUILD_FAILURE: list[str] = []  # why this process's build failed, once it has
+
+
+@functools.cache
+def module():
+    """The built extension (compiled once per source change, about a minute on 16 cores; later
+    processes load torch's cached build). Built on the first call that runs the kernel, not when
+    a dispatch asks whether it could: every other fmha.attention call stays free of it."""
+    from torch.utils import cpp_extension
+
+    try:
+        return cpp_extension.load(name="fmha_cuda_sparse", sources=[SOURCE], extra_include_paths=[SOURCE_DIR],
+                                  extra_cuda_cflags=list(NVCC_FLAGS),
+                                  verbose=bool(os.environ.get("FMHA_VERBOSE_BUILD")))
+    except Exception as e:  # say why; fmha.attention runs the next kernel (the Gluon one) from now on
+        _BUILD_FAILURE.append(f"its build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})")
+        raise NotSupportedError(f"cuda-sparse: {_BUILD_FAILURE[0]}") from e
+
+
+def availability(device) -> str | None:
+    """Why the CUDA kernel cannot run on `device` at all, or None."""
+    if _BUILD_FAILURE:
+        return _BUILD_FAILURE[0]
+    return _device_availability(device)
+
+
+@functools.cache
+def _device_availability(device) -> str | None:
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"needs a Hopper GPU (sm_90a: wgmma, clusters), this one is sm_{major}{minor}"
+    if nvcc() is None:
+        return "no nvcc to build it with (set CUDA_HOME or put nvcc on PATH)"
+    return None
+
+
+CAPABILITIES = Capabilities(
+    head_dims=(512,),
+    dtypes=(torch.bfloat16,),
+    devices=("cuda",),
+    features=frozenset({"sink", "lse", "gqa", "shared_kv", "out"}),
+    requires=frozenset({"shared_kv"}),
+    split_head_dim_v=False,
+    sources=frozenset({"sparse", "two_scopes"}),
+    cache_layouts=frozenset(LAYOUT_CODES),
+    unquantized_caches=False,
+    promises=frozenset({"bitwise_deterministic", "batch_invariant"}),
+    notes={"head_dim": "DSV4's head dim; fmha.attention runs fmha.kernels.triton_paged for the others",
+           "dtype": "bf16 only (P as bf16 hi + lo)",
+           "device": "a Hopper GPU (sm_90a) and nvcc to build it",
+           "requires": "K = V (DSV4's one cache)",
+           "cache_layout": "the quantized DSV4 layouts; bf16 caches run fmha.kernels.gluon_sparse",
+           "dense": "index-sparse calls only; dense ones run fmha.kernels.gluon_dense or fmha.kernels.triton_dense",
+           "paged": "paged calls run fmha.kernels.triton_paged"},
+)
+
+
+def _aligned(t: torch.Tensor, elements: int, alignment: int) -> bool:
+    """Whether the kernel's vector accesses fit `t`: the head dim contiguous, the other strides a
+    multiple of `elements` and the base `alignment`-byte aligned (else it reads or writes a copy)."""
+    return (t.stride(-1) == 1 and all(s % elements == 0 for s in t.stride()[:-1])
+            and t.data_ptr() % alignment == 0)
+
+
+def attend(problem, q, k, v, *, scale=None, sink=None, out=None, indices, topk_len=None, extra_k_cache=None,
+           extra_indices=None, extra_topk_len=None):
+    """`problem` (a checked index-sparse call over quantized caches, K = V, that the capabilities
+    cover) in one launch: (o (B, T, Hq, 512) in q's dtype, lse (B, Hq, T) float32)."""
+    B, T, HQ, _ = q.shape
+    o = out if out is not None and _aligned(out, 2, 4) else torch.empty(B, T, HQ, 512, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, HQ, T, dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse.fill_(float("-inf"))
+    two = extra_k_cache is not None
+    module().sparse_decode(
+        q if _aligned(q, 8, 16) else q.contiguous(), o, lse, sink, k, indices, topk_len,
+        LAYOUT_CODES[problem.cache_layout], extra_k_cache if two else None, extra_indices if two else None,
+        extra_topk_len if two else None, LAYOUT_CODES[problem.extra_cache_layout] if two else 0,
+        problem.head_dim**-0.5 if scale is None else float(scale), None)
+    if out is not None and o is not out:
+        out.copy_(o)
+        o = out
+    return o, lse
+
+
+ENTRY = implemented_by("cuda-sparse", attend, CAPABILITIES, availability=availability, default_devices=("cuda",),
+                       description="fmha's CUDA C++ sparse-decode kernel alone (DSV4: index-sparse bf16 head dim 512 "
+                                   "K = V over FP8 or FP4 caches, sm_90a, a 2-CTA cluster sharing each dequantized "
+                                   "key tile; fmha.attention runs it on Hopper where nvcc can build it)")

@@ -1,0 +1,135 @@
+"""fmha.kernels.cuda_sparse on a Hopper GPU with nvcc: its dequantization through the whole kernel
+(one key, q = 0, so the output row is the key's bf16 value) against the oracle's decoder, every
+code at scales from 2^-127 to 2^118, value for value; the head counts of TP-sharded DSV4 (one CTA,
+or a 2-CTA cluster sharing each tile) and MTP rows against the oracle; rows with no key; and
+random index-sparse draws inside its capabilities against the oracle."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from fmha.contract import cache_layouts
+from fmha.kernels import cuda_sparse
+from fmha.oracles import quantization
+from fmha.oracles.check import check_sample
+from fmha.oracles.sample import Sample
+from fmha.properties.paged_strategies import paged_samples
+from fmha.regressions.paged_cases import SPARSE
+from fmha.registry import resolve_kernel
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def cuda_hopper(device):
+    if cuda_sparse.availability(device):
+        pytest.skip(cuda_sparse.availability(device))
+    return device
+
+
+def _mismatch(out: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Indices where two bf16 tensors differ in value (bits, but for the sign of a zero: the
+    kernel sums 1 x -0 into +0; any NaN equals any NaN)."""
+    same = (out == expected) | (out.isnan() & expected.isnan())
+    return (~same).nonzero()
+
+
+def _one_key_page(layout: cache_layouts.CacheLayout, codes: torch.Tensor, scale_codes: list[int], g) -> torch.Tensor:
+    """One page of one token: `codes` (its quantized bytes), random bf16 rope dims, `scale_codes`."""
+    page = torch.zeros(1, layout.page_bytes(1), dtype=torch.uint8)
+    quantized = layout.quantized_dims * layout.element.bits // 8
+    page[0, :quantized] = codes
+    page[0, quantized:layout.data_bytes] = torch.randn(layout.rope_dims, generator=g).to(torch.bfloat16).view(torch.uint8)
+    page[0, layout.data_bytes:layout.data_bytes + len(scale_codes)] = torch.tensor(scale_codes, dtype=torch.uint8)
+    return page
+
+
+def _decoded_by_the_kernel(page: torch.Tensor, layout: cache_layouts.CacheLayout, heads: int, device) -> torch.Tensor:
+    page = page.to(device)
+    cache = page[:, :layout.token_bytes].view(1, 1, 1, layout.token_bytes)
+    q = torch.zeros(1, 1, heads, 512, dtype=torch.bfloat16, device=device)  # every score 0: the one key's p is 1
+    indices = torch.zeros(1, 1, 1, dtype=torch.int32, device=device)
+    o, _ = cuda_sparse.ENTRY.fn(q, cache, cache, indices=indices, cache_layout=layout.name)
+    return o[0, 0]
+
+
+# 2^-127 (code 0), subnormal products, the fast path's edges (7, 239), 1, and 2^118 (code 245):
+# the largest scale at which every e4m3 value stays finite in bf16 (a key with inf or NaN makes every score NaN).
+SCALE_CODES = (0, 1, 6, 7, 8, 20, 100, 127, 134, 200, 239, 240, 245)
+
+
+@pytest.mark.parametrize("heads", (64, 128), ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("scale_code", SCALE_CODES)
+def test_e4m3_through_the_kernel(scale_code, heads, cuda_hopper):
+    g = torch.Generator().manual_seed(scale_code)
+    layout = cache_layouts.DSV4_FP8
+    codes = torch.arange(448) % 256
+    codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes (see SCALE_CODES)
+    scales = [scale_code + (group % 2 if scale_code < 245 else 0) for group in range(7)]  # a group taking its neighbour's shows
+    page = _one_key_page(layout, codes.to(torch.uint8), scales, g)
+    expected = quantization.dequantize(page, layout, 1)[0, 0, 0].to(torch.bfloat16).to(cuda_hopper)
+    out = _decoded_by_the_kernel(page, layout, heads, cuda_hopper)
+    bad = _mismatch(out, expected.expand_as(out))
+    assert bad.numel() == 0, (
+        f"scale codes {scales}: {len(bad)} of {out.numel()} values differ, first at (head, dim) {tuple(bad[0].tolist())}: "
+        f"{out[tuple(bad[0])].item()!r}, the oracle {expected[bad[0][1]].item()!r}")
+
+
+# (even, odd) tiles' scale codes: distinct, so that a tile taking its neighbour's shows; 6 x 2^125 is finite.
+FP4_SCALE_CODES = ((0, 1), (20, 100), (127, 134), (140, 200), (252, 127))
+
+
+@pytest.mark.parametrize("heads", (16, 128), ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("even_odd", FP4_SCALE_CODES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_e2m1_through_the_kernel(even_odd, heads, cuda_hopper):
+    g = torch.Generator().manual_seed(sum(even_odd))
+    layout = cache_layouts.DSV4_FP4
+    page = _one_key_page(layout, (torch.arange(224) % 256).to(torch.uint8), [even_odd[t % 2] for t in range(14)], g)
+    expected = quantization.dequantize(page, layout, 1)[0, 0, 0].to(torch.bfloat16).to(cuda_hopper)
+    out = _decoded_by_the_kernel(page, layout, heads, cuda_hopper)
+    bad = _mismatch(out, expected.expand_as(out))
+    assert bad.numel() == 0, (
+        f"scale codes {even_odd}: {len(bad)} of {out.numel()} values differ, first at (head, dim) "
+        f"{tuple(bad[0].tolist())}: {out[tuple(bad[0])].item()!r}, the oracle {expected[bad[0][1]].item()!r}")
+
+
+# Hq 16/32/64 (one CTA, rows past Hq masked), 96 and 128 (a 2-CTA cluster, each CTA
+# dequantizing half of every tile for both), MTP T 4, top-k not a multiple of 64, FP4 second scope.
+HEADS_AND_ROWS = [
+    Sample(problem=SPARSE.replace(heads_q=h, q_len=t, kv_len=topk, block_size=block, extra_topk=extra,
+                                  extra_block_size=61, extra_cache_layout="dsv4-fp4"), seed=h + t)
+    for h, t, topk, block, extra in ((16, 4, 70, 5, 130), (32, 1, 200, 64, 64), (64, 2, 129, 1, 100),
+                                     (96, 3, 64, 16, 65), (128, 4, 100, 61, 300), (128, 1, 640, 64, 1))
+]
+
+
+@pytest.mark.parametrize("sample", HEADS_AND_ROWS, ids=lambda s: s.id)
+def test_heads_and_rows_against_the_oracle(sample, cuda_hopper):
+    assert not cuda_sparse.ENTRY.not_supported_reasons(sample.problem, cuda_hopper)
+    verdict = check_sample(resolve_kernel("cuda-sparse"), sample, cuda_hopper)
+    assert verdict.passed, verdict.message(f"cuda-sparse {sample.id}")
+
+
+# A row with no tile at all must not wait for one, in one scope or two, with a sink or without,
+# in a lone CTA and in a cluster (whose peer then copies nothing).
+NO_KEY_ROWS = [
+    Sample(problem=SPARSE.replace(sink=False), topk_lens=(6, 0), seed=1),
+    Sample(problem=SPARSE.replace(heads_q=128), topk_lens=(0, 0), seed=2),
+    Sample(problem=SPARSE.replace(extra_topk=4, extra_block_size=2, extra_cache_layout="dsv4-fp8", heads_q=128),
+           topk_lens=(0, 6), extra_topk_lens=(0, 0), seed=3),
+]
+
+
+@pytest.mark.parametrize("sample", NO_KEY_ROWS, ids=lambda s: s.id)
+def test_rows_with_no_key(sample, cuda_hopper):
+    verdict = check_sample(resolve_kernel("cuda-sparse"), sample, cuda_hopper)
+    assert verdict.passed, verdict.message(f"cuda-sparse {sample.id}")
+
+
+@settings(max_examples=25)
+@given(data=paged_samples(cuda_sparse.CAPABILITIES, "cuda", kinds=("sparse",)))
+def test_random_sparse_draws_against_the_oracle(data, device):
+    if cuda_sparse.availability(device):
+        pytest.skip(cuda_sparse.availability(device))
+    verdict = check_sample(resolve_kernel("cuda-sparse"), data, device)
+    assert verdict.passed, verdict.message(f"cuda-sparse {data.id}")
