@@ -32,13 +32,15 @@ kernel (fmha.kernels.gluon_sparse).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
 
 import torch
 
-from fmha.contract import Capabilities, NotSupportedError, implemented_by
+from fmha.contract import NotSupportedError, implemented_by
+from fmha.kernels import gluon_sparse
 
 SOURCE_DIR = os.path.join(os.path.dirname(__file__), "cuda")
 SOURCE = os.path.join(SOURCE_DIR, "sparse_decode.cu")
@@ -93,25 +95,11 @@ def _device_availability(device) -> str | None:
     return None
 
 
-CAPABILITIES = Capabilities(
-    head_dims=(512,),
-    dtypes=(torch.bfloat16,),
-    devices=("cuda",),
-    features=frozenset({"sink", "lse", "gqa", "shared_kv", "out"}),
-    requires=frozenset({"shared_kv"}),
-    split_head_dim_v=False,
-    sources=frozenset({"sparse", "two_scopes"}),
-    cache_layouts=frozenset(LAYOUT_CODES),
-    unquantized_caches=False,
-    promises=frozenset({"bitwise_deterministic", "batch_invariant"}),
-    notes={"head_dim": "DSV4's head dim; fmha.attention runs fmha.kernels.triton_paged for the others",
-           "dtype": "bf16 only (P as bf16 hi + lo)",
-           "device": "a Hopper GPU (sm_90a) and nvcc to build it",
-           "requires": "K = V (DSV4's one cache)",
-           "cache_layout": "the quantized DSV4 layouts; bf16 caches run fmha.kernels.gluon_sparse",
-           "dense": "index-sparse calls only; dense ones run fmha.kernels.gluon_dense or fmha.kernels.triton_dense",
-           "paged": "paged calls run fmha.kernels.triton_paged"},
-)
+# gluon_sparse's call, over the quantized layouts only.
+CAPABILITIES = dataclasses.replace(
+    gluon_sparse.CAPABILITIES, cache_layouts=frozenset(LAYOUT_CODES), unquantized_caches=False,
+    notes={**gluon_sparse.CAPABILITIES.notes, "device": "a Hopper GPU (sm_90a) and nvcc to build it",
+           "cache_layout": "the quantized DSV4 layouts; bf16 caches run fmha.kernels.gluon_sparse"})
 
 
 def _aligned(t: torch.Tensor, elements: int, alignment: int) -> bool:
