@@ -53,6 +53,15 @@ def _decoded_by_the_kernel(page: torch.Tensor, layout: cache_layouts.CacheLayout
     return o[0, 0]
 
 
+def _assert_decodes_like_the_oracle(page, layout, heads: int, device, what: str) -> None:
+    expected = quantization.dequantize(page, layout, 1)[0, 0, 0].to(torch.bfloat16).to(device)
+    out = _decoded_by_the_kernel(page, layout, heads, device)
+    bad = _mismatch(out, expected.expand_as(out))
+    assert bad.numel() == 0, (
+        f"{what}: {len(bad)} of {out.numel()} values differ, first at (head, dim) {tuple(bad[0].tolist())}: "
+        f"{out[tuple(bad[0])].item()!r}, the oracle {expected[bad[0][1]].item()!r}")
+
+
 # 2^-127 (code 0), subnormal products, the fast path's edges (7, 239), 1, and 2^118 (code 245):
 # the largest scale at which every e4m3 value stays finite in bf16 (a key with inf or NaN makes every score NaN).
 SCALE_CODES = (0, 1, 6, 7, 8, 20, 100, 127, 134, 200, 239, 240, 245)
@@ -66,13 +75,8 @@ def test_e4m3_through_the_kernel(scale_code, heads, cuda_hopper):
     codes = torch.arange(448) % 256
     codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes (see SCALE_CODES)
     scales = [scale_code + (group % 2 if scale_code < 245 else 0) for group in range(7)]  # a group taking its neighbour's shows
-    page = _one_key_page(layout, codes.to(torch.uint8), scales, g)
-    expected = quantization.dequantize(page, layout, 1)[0, 0, 0].to(torch.bfloat16).to(cuda_hopper)
-    out = _decoded_by_the_kernel(page, layout, heads, cuda_hopper)
-    bad = _mismatch(out, expected.expand_as(out))
-    assert bad.numel() == 0, (
-        f"scale codes {scales}: {len(bad)} of {out.numel()} values differ, first at (head, dim) {tuple(bad[0].tolist())}: "
-        f"{out[tuple(bad[0])].item()!r}, the oracle {expected[bad[0][1]].item()!r}")
+    _assert_decodes_like_the_oracle(_one_key_page(layout, codes.to(torch.uint8), scales, g), layout, heads,
+                                    cuda_hopper, f"scale codes {scales}")
 
 
 # (even, odd) tiles' scale codes: distinct, so that a tile taking its neighbour's shows; 6 x 2^125 is finite.
@@ -85,12 +89,7 @@ def test_e2m1_through_the_kernel(even_odd, heads, cuda_hopper):
     g = torch.Generator().manual_seed(sum(even_odd))
     layout = cache_layouts.DSV4_FP4
     page = _one_key_page(layout, (torch.arange(224) % 256).to(torch.uint8), [even_odd[t % 2] for t in range(14)], g)
-    expected = quantization.dequantize(page, layout, 1)[0, 0, 0].to(torch.bfloat16).to(cuda_hopper)
-    out = _decoded_by_the_kernel(page, layout, heads, cuda_hopper)
-    bad = _mismatch(out, expected.expand_as(out))
-    assert bad.numel() == 0, (
-        f"scale codes {even_odd}: {len(bad)} of {out.numel()} values differ, first at (head, dim) "
-        f"{tuple(bad[0].tolist())}: {out[tuple(bad[0])].item()!r}, the oracle {expected[bad[0][1]].item()!r}")
+    _assert_decodes_like_the_oracle(page, layout, heads, cuda_hopper, f"scale codes {even_odd}")
 
 
 # Hq 16/32/64 (one CTA, rows past Hq masked), 96 and 128 (a 2-CTA cluster, each CTA

@@ -64,7 +64,7 @@ struct Params {
   const float* sink;  // (Hq,) or null
   long long q_sb, q_st, q_sh, o_sb, o_st, o_sh, l_sb, l_sh, l_st;
   Scope scope[2];
-  int n_scopes, T, heads, head_blocks;
+  int n_scopes, T, heads;
   float qk_scale_log2;
   int64_t* trace;  // null, or clock64() at 8 events of each of the first CTA's first 64 tiles
 };
@@ -700,8 +700,7 @@ void sparse_decode(torch::Tensor q, torch::Tensor o, torch::Tensor lse, c10::opt
   p.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
   const int cl = p.heads > ROWS ? 2 : 1;
   const int blocks = (p.heads + ROWS - 1) / ROWS;
-  p.head_blocks = (blocks + cl - 1) / cl * cl;
-  const dim3 grid(p.head_blocks, B * T);
+  const dim3 grid((blocks + cl - 1) / cl * cl, B * T);  // whole clusters
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (cl == 2) launch<2>(p, grid, stream); else launch<1>(p, grid, stream);
 }
