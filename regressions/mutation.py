@@ -110,6 +110,27 @@ def patched_gluon_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelE
     return _patched_entry("_mutant_gluon_sparse", name, gluon_sparse, patches)
 
 
+def patched_cuda_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
+    """fmha's CUDA sparse-decode kernel (fmha/kernels/cuda/sparse_decode.cu) with `patches`
+    applied, built as an extension of its own on first call (Hopper GPUs with nvcc only)."""
+    from fmha.contract import implemented_by
+    from fmha.kernels import cuda_sparse
+
+    with open(cuda_sparse.SOURCE) as f:
+        source = patch_source(f.read(), patches, name, "fmha/kernels/cuda/sparse_decode.cu")
+    extension = f"fmha_mutant_{name.replace('-', '_')}_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+    path = os.path.join(_mutant_dir(), f"{extension}.cu")
+    if not os.path.exists(path):  # atomic: xdist workers may patch the same mutant at once
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    built = functools.cache(lambda: cuda_sparse.build(extension, path))
+    return implemented_by(f"mutant:{name}", functools.partial(cuda_sparse.attend, extension=built),
+                          cuda_sparse.CAPABILITIES, availability=cuda_sparse.availability, default_devices=("cuda",),
+                          description=f"regressions mutant {name}")
+
+
 def wrapped_kernel(name: str, fn: Callable, capabilities=None) -> KernelEntry:
     return KernelEntry(name=f"mutant:{name}", fn=fn, capabilities=capabilities or triton_dense.CAPABILITIES,
                        description=f"regressions mutant {name}")

@@ -1,8 +1,12 @@
 """fmha.kernels.cuda_sparse on a Hopper GPU with nvcc: its dequantization through the whole kernel
 (one key, q = 0, so the output row is the key's bf16 value) against the oracle's decoder, every
 code at scales from 2^-127 to 2^118, value for value; the head counts of TP-sharded DSV4 (one CTA,
-or a 2-CTA cluster sharing each tile) and MTP rows against the oracle; rows with no key; and
-random index-sparse draws inside its capabilities against the oracle."""
+or a 2-CTA cluster sharing each tile) and MTP rows against the oracle; rows with no key;
+random index-sparse draws inside its capabilities against the oracle; and its mutants
+(regressions/cuda_mutants.py) caught."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,11 +17,14 @@ from fmha.kernels import cuda_sparse
 from fmha.oracles import quantization
 from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
+from fmha.properties.catalog import LAWS
 from fmha.properties.paged_strategies import paged_samples
+from fmha.regressions.cuda_mutants import CLUSTER_CASES, MUTANTS
 from fmha.regressions.paged_cases import SPARSE
+from fmha.regressions.trap import check_case
 from fmha.registry import resolve_kernel
 
-pytestmark = pytest.mark.gpu
+GPU = pytest.mark.gpu  # every test here but the patches' check runs on a Hopper GPU with nvcc
 
 
 @pytest.fixture
@@ -44,22 +51,37 @@ def _one_key_page(layout: cache_layouts.CacheLayout, codes: torch.Tensor, scale_
     return page
 
 
-def _decoded_by_the_kernel(page: torch.Tensor, layout: cache_layouts.CacheLayout, heads: int, device) -> torch.Tensor:
+def _decoded_by_the_kernel(page: torch.Tensor, layout: cache_layouts.CacheLayout, heads: int, device,
+                           kernel=cuda_sparse.ENTRY) -> torch.Tensor:
     page = page.to(device)
     cache = page[:, :layout.token_bytes].view(1, 1, 1, layout.token_bytes)
     q = torch.zeros(1, 1, heads, 512, dtype=torch.bfloat16, device=device)  # every score 0: the one key's p is 1
     indices = torch.zeros(1, 1, 1, dtype=torch.int32, device=device)
-    o, _ = cuda_sparse.ENTRY.fn(q, cache, cache, indices=indices, cache_layout=layout.name)
+    o, _ = kernel.fn(q, cache, cache, indices=indices, cache_layout=layout.name)
     return o[0, 0]
 
 
-def _assert_decodes_like_the_oracle(page, layout, heads: int, device, what: str) -> None:
+def _decoding_failure(page, layout, heads: int, device, kernel=cuda_sparse.ENTRY) -> str | None:
     expected = quantization.dequantize(page, layout, 1)[0, 0, 0].to(torch.bfloat16).to(device)
-    out = _decoded_by_the_kernel(page, layout, heads, device)
+    out = _decoded_by_the_kernel(page, layout, heads, device, kernel)
     bad = _mismatch(out, expected.expand_as(out))
-    assert bad.numel() == 0, (
-        f"{what}: {len(bad)} of {out.numel()} values differ, first at (head, dim) {tuple(bad[0].tolist())}: "
-        f"{out[tuple(bad[0])].item()!r}, the oracle {expected[bad[0][1]].item()!r}")
+    if bad.numel():
+        return (f"{len(bad)} of {out.numel()} values differ, first at (head, dim) {tuple(bad[0].tolist())}: "
+                f"{out[tuple(bad[0])].item()!r}, the oracle {expected[bad[0][1]].item()!r}")
+    return None
+
+
+def _assert_decodes_like_the_oracle(page, layout, heads: int, device, what: str) -> None:
+    failure = _decoding_failure(page, layout, heads, device)
+    assert failure is None, f"{what}: {failure}"
+
+
+def _every_e4m3_code_page(scale_code: int) -> torch.Tensor:
+    """One FP8 key holding every finite e4m3 code, its 7 groups at `scale_code` and the one above."""
+    codes = torch.arange(448) % 256
+    codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes (see SCALE_CODES)
+    scales = [scale_code + (group % 2 if scale_code < 245 else 0) for group in range(7)]  # a group taking its neighbour's shows
+    return _one_key_page(cache_layouts.DSV4_FP8, codes.to(torch.uint8), scales, torch.Generator().manual_seed(scale_code))
 
 
 # 2^-127 (code 0), subnormal products, the fast path's edges (7, 239), 1, and 2^118 (code 245):
@@ -67,22 +89,19 @@ def _assert_decodes_like_the_oracle(page, layout, heads: int, device, what: str)
 SCALE_CODES = (0, 1, 6, 7, 8, 20, 100, 127, 134, 200, 239, 240, 245)
 
 
+@GPU
 @pytest.mark.parametrize("heads", (64, 128), ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("scale_code", SCALE_CODES)
 def test_e4m3_through_the_kernel(scale_code, heads, cuda_hopper):
-    g = torch.Generator().manual_seed(scale_code)
-    layout = cache_layouts.DSV4_FP8
-    codes = torch.arange(448) % 256
-    codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes (see SCALE_CODES)
-    scales = [scale_code + (group % 2 if scale_code < 245 else 0) for group in range(7)]  # a group taking its neighbour's shows
-    _assert_decodes_like_the_oracle(_one_key_page(layout, codes.to(torch.uint8), scales, g), layout, heads,
-                                    cuda_hopper, f"scale codes {scales}")
+    _assert_decodes_like_the_oracle(_every_e4m3_code_page(scale_code), cache_layouts.DSV4_FP8, heads, cuda_hopper,
+                                    f"scale code {scale_code} (odd groups {scale_code + 1})")
 
 
 # (even, odd) tiles' scale codes: distinct, so that a tile taking its neighbour's shows; 6 x 2^125 is finite.
 FP4_SCALE_CODES = ((0, 1), (20, 100), (127, 134), (140, 200), (252, 127))
 
 
+@GPU
 @pytest.mark.parametrize("heads", (16, 128), ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("even_odd", FP4_SCALE_CODES, ids=lambda c: f"{c[0]}-{c[1]}")
 def test_e2m1_through_the_kernel(even_odd, heads, cuda_hopper):
@@ -102,6 +121,7 @@ HEADS_AND_ROWS = [
 ]
 
 
+@GPU
 @pytest.mark.parametrize("sample", HEADS_AND_ROWS, ids=lambda s: s.id)
 def test_heads_and_rows_against_the_oracle(sample, cuda_hopper):
     assert not cuda_sparse.ENTRY.not_supported_reasons(sample.problem, cuda_hopper)
@@ -119,12 +139,14 @@ NO_KEY_ROWS = [
 ]
 
 
+@GPU
 @pytest.mark.parametrize("sample", NO_KEY_ROWS, ids=lambda s: s.id)
 def test_rows_with_no_key(sample, cuda_hopper):
     verdict = check_sample(resolve_kernel("cuda-sparse"), sample, cuda_hopper)
     assert verdict.passed, verdict.message(f"cuda-sparse {sample.id}")
 
 
+@GPU
 @settings(max_examples=25)
 @given(data=paged_samples(cuda_sparse.CAPABILITIES, "cuda", kinds=("sparse",)))
 def test_random_sparse_draws_against_the_oracle(data, device):
@@ -132,3 +154,53 @@ def test_random_sparse_draws_against_the_oracle(data, device):
         pytest.skip(cuda_sparse.availability(device))
     verdict = check_sample(resolve_kernel("cuda-sparse"), data, device)
     assert verdict.passed, verdict.message(f"cuda-sparse {data.id}")
+
+
+MUTANT = {mutant.name: mutant for mutant in MUTANTS}
+
+
+def test_cuda_mutants_patch_the_kernel():
+    """On any machine: each patch still applies exactly once (MutationError otherwise)."""
+    for mutant in MUTANTS:
+        assert mutant.kernel().name == f"mutant:{mutant.name}"
+
+
+@GPU
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: c.id)
+def test_the_kernel_passes_the_cluster_cases(case, cuda_hopper):
+    assert check_case(cuda_sparse.ENTRY, case, cuda_hopper) == []
+
+
+@GPU
+def test_a_peer_copying_into_the_wrong_half_is_caught(cuda_hopper):
+    mutant = MUTANT["cuda-sparse-peer-wrong-half"]
+    failures = {case.id: check_case(mutant.kernel(), case, cuda_hopper) for case in CLUSTER_CASES}
+    assert all(failures.values()), f"{mutant.name} ({mutant.bug}) passes {[c for c, f in failures.items() if not f]}"
+
+
+@GPU
+def test_a_miscounted_peer_barrier_hangs_and_is_caught_in_bounded_time(cuda_hopper):
+    """The ready barrier never completes: the case runs in a child that is killed after its
+    timeout (the mutant is built here first, so the timeout bounds the kernel, not nvcc)."""
+    mutant = MUTANT["cuda-sparse-peer-bytes-miscounted"]
+    mutant.kernel().apply.keywords["extension"]()  # built (and cached by torch) before the child loads it
+    child = (f"from fmha.regressions.cuda_mutants import CLUSTER_CASES, MUTANTS\n"
+             f"from fmha.regressions.trap import check_case\n"
+             f"mutant = next(m for m in MUTANTS if m.name == {mutant.name!r})\n"
+             f"print(check_case(mutant.kernel(), CLUSTER_CASES[0], {cuda_hopper!r}))\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=90)
+        pytest.fail(f"{mutant.name} ({mutant.bug}) returned (exit {done.returncode}): {done.stdout[-500:]}{done.stderr[-500:]}")
+
+
+@GPU
+def test_flushed_subnormals_are_caught_by_the_fp8_law_and_by_every_code(cuda_hopper):
+    """The law's draws put subnormal codes beside an outlier in every tile; the code test
+    decodes each of them."""
+    mutant = MUTANT["cuda-sparse-subnormals-flushed"]
+    law = LAWS["fp8_cache_calls_agree_with_the_oracle"]
+    with pytest.raises(AssertionError, match=mutant.name):
+        law.run(cuda_hopper, mutant.kernel(), settings=settings(max_examples=30, derandomize=True, database=None,
+                                                                deadline=None), pinned=False)
+    failure = _decoding_failure(_every_e4m3_code_page(127), cache_layouts.DSV4_FP8, 128, cuda_hopper, mutant.kernel())
+    assert failure is not None, f"{mutant.name} decodes every e4m3 code like the oracle"

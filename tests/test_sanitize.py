@@ -124,11 +124,11 @@ def test_every_racecheck_record_names_lines_that_still_hold_its_code():
     record no longer matches, and this says which one to look at again."""
     kernels = Path(gluon_dense.__file__).parent
     for record in (r for r in ledger.LEDGER if r.test == "sanitize:racecheck"):
-        for place in re.findall(r"\w+\.py:\d+", record.case):
+        for place in re.findall(r"\w+\.(?:py|cu):\d+", record.case):
             assert place in ledger.RACECHECK_LINES, f"{record.case}: {place} has no entry in ledger.RACECHECK_LINES"
     for place, code in ledger.RACECHECK_LINES.items():
         file, line = place.split(":")
-        held = (kernels / file).read_text().splitlines()[int(line) - 1]
+        held = next(kernels.rglob(file)).read_text().splitlines()[int(line) - 1]
         assert code in held, (f"{place} now reads {held.strip()!r}, not {code!r}: the racecheck records of "
                               "fmha.regressions.ledger name it; rerun python -m fmha.ci.sanitize --tool racecheck "
                               "on an H200 and move them")

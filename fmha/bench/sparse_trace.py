@@ -5,7 +5,9 @@ producer's first free stage.
     python -m fmha.bench.sparse_trace
 
 Columns: the producer's stage free and its half tile stored (and copied to the peer); warpgroup
-0's keys ready, QK^T done, P written and P.V done; warpgroup 1's P received and P.V done.
+0's keys ready, QK^T done, P written and P.V done; warpgroup 1's P received and P.V done. Then
+every CTA's span (%globaltimer): how long the CTAs ran, on how many SMs, and whether some
+started only after others had ended (a second wave).
 """
 
 import sys
@@ -25,18 +27,25 @@ def main() -> int:
         return 2
     name, p = next(iter(sparse.SHAPES.items()))
     x = sparse.inputs(p)
-    trace = torch.zeros(64 * 8, dtype=torch.int64, device="cuda")
+    blocks = p.batch * p.q_len * -(-p.heads_q // 64)
+    trace = torch.zeros(64 * 8 + 4 * blocks, dtype=torch.int64, device="cuda")
     o = torch.empty(p.batch, p.q_len, p.heads_q, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(p.batch, p.heads_q, p.q_len, dtype=torch.float32, device="cuda")
     for _ in range(3):  # the last run's clocks stay
         cuda_sparse.module().sparse_decode(x["q"], o, lse, x["sink"], x["k_cache"], x["indices"], None, 1,
                                            x["extra_k_cache"], x["extra_indices"], None, 1, 512**-0.5, trace)
-    t = trace.view(64, 8).cpu()
-    tiles = -(-p.kv_len // 64) - -(-p.extra_topk // 64)
+    t = trace[:64 * 8].view(64, 8).cpu()
+    tiles = -(-p.kv_len // 64) + -(-p.extra_topk // 64)
     print(f"{name}, {torch.cuda.get_device_name()}: cycles from the producer's first free stage")
     print("tile " + " ".join(f"{e:>11}" for e in EVENTS))
     for i in range(min(tiles, 64)):
         print(f"{i:4d} " + " ".join(f"{int(t[i, e] - t[0, 6]):11d}" for e in ORDER))
+    spans = trace[64 * 8:].view(blocks, 4).cpu()
+    start, end = spans[:, 0] - spans[:, 0].min(), spans[:, 1] - spans[:, 0].min()
+    ran = (end - start).double()
+    print(f"{blocks} CTAs on {len(set(spans[:, 2].tolist()))} SMs: all ended {int(end.max()) / 1e3:.1f} us after the "
+          f"first start; a CTA ran {ran.median().item() / 1e3:.1f} us (median), {ran.min().item() / 1e3:.1f}-"
+          f"{ran.max().item() / 1e3:.1f}; {int((start >= end.min()).sum())} started after the first had ended")
     return 0
 
 

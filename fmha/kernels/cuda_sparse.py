@@ -4,9 +4,10 @@ dim 512, a sink, in bf16.
 
 What Gluon cannot express and this kernel does: a CTA cluster's distributed shared memory.
 - A CTA owns 64 query heads of one (request, query row); Hq > 64 runs as a 2-CTA cluster. Per
-  64-key tile each CTA gathers and dequantizes 32 keys and stores the bf16 rows into its own
-  shared memory and its peer's (`st.async`, completing bytes on the receiver's mbarrier); a
-  stage is free once both consumer warpgroups of both CTAs arrive on it (remote arrives). So a
+  64-key tile each CTA gathers and dequantizes 32 keys into its own shared memory, and the bulk
+  copy engine copies them into its peer's (`cp.async.bulk.shared::cluster`, completing bytes on
+  the peer's mbarrier); a stage is free once both consumer warpgroups of both CTAs arrive on it
+  (remote arrives). So a
   key is read and dequantized once for 128 heads (fmha.kernels.gluon_sparse: once per 64).
 - Dequantization is integer work: an e4m3 code's bits moved into a bf16's, the ue8m0 scale
   added to the exponent field (one add for two values); zeros, subnormals, NaN codes and
@@ -44,7 +45,8 @@ from fmha.kernels import gluon_sparse
 
 SOURCE_DIR = os.path.join(os.path.dirname(__file__), "cuda")
 SOURCE = os.path.join(SOURCE_DIR, "sparse_decode.cu")
-NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DNDEBUG")
+# -lineinfo: compute-sanitizer and ncu name source lines (no cost in the code it generates)
+NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DNDEBUG", "-lineinfo")
 LAYOUT_CODES = {"dsv4-fp8": 1, "dsv4-fp4": 2}
 
 
@@ -60,17 +62,21 @@ def nvcc() -> str | None:
 _BUILD_FAILURE: list[str] = []  # why this process's build failed, once it has
 
 
+def build(name: str, source: str = SOURCE):
+    """`source` (this kernel's .cu, or a patched copy of it) built as the extension `name`."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(name=name, sources=[source], extra_include_paths=[SOURCE_DIR],
+                              extra_cuda_cflags=list(NVCC_FLAGS), verbose=bool(os.environ.get("FMHA_VERBOSE_BUILD")))
+
+
 @functools.cache
 def module():
     """The built extension (compiled once per source change, about a minute on 16 cores; later
     processes load torch's cached build). Built on the first call that runs the kernel, not when
     a dispatch asks whether it could: every other fmha.attention call stays free of it."""
-    from torch.utils import cpp_extension
-
     try:
-        return cpp_extension.load(name="fmha_cuda_sparse", sources=[SOURCE], extra_include_paths=[SOURCE_DIR],
-                                  extra_cuda_cflags=list(NVCC_FLAGS),
-                                  verbose=bool(os.environ.get("FMHA_VERBOSE_BUILD")))
+        return build("fmha_cuda_sparse")
     except Exception as e:  # say why; fmha.attention runs the next kernel (the Gluon one) from now on
         _BUILD_FAILURE.append(f"its build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})")
         raise NotSupportedError(f"cuda-sparse: {_BUILD_FAILURE[0]}") from e
@@ -110,16 +116,17 @@ def _aligned(t: torch.Tensor, elements: int, alignment: int) -> bool:
 
 
 def attend(problem, q, k, v, *, scale=None, sink=None, out=None, indices, topk_len=None, extra_k_cache=None,
-           extra_indices=None, extra_topk_len=None):
+           extra_indices=None, extra_topk_len=None, extension=module):
     """`problem` (a checked index-sparse call over quantized caches, K = V, that the capabilities
-    cover) in one launch: (o (B, T, Hq, 512) in q's dtype, lse (B, Hq, T) float32)."""
+    cover) in one launch of `extension()`'s kernel: (o (B, T, Hq, 512) in q's dtype, lse (B, Hq, T)
+    float32)."""
     B, T, HQ, _ = q.shape
     o = out if out is not None and _aligned(out, 2, 4) else torch.empty(B, T, HQ, 512, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, HQ, T, dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     two = extra_k_cache is not None
-    module().sparse_decode(
+    extension().sparse_decode(
         q if _aligned(q, 8, 16) else q.contiguous(), o, lse, sink, k, indices, topk_len,
         LAYOUT_CODES[problem.cache_layout], extra_k_cache if two else None, extra_indices if two else None,
         extra_topk_len if two else None, LAYOUT_CODES[problem.extra_cache_layout] if two else 0,

@@ -1,11 +1,11 @@
 // DeepSeek-V4's sparse decode on Hopper (sm_90a) in CUDA C++: each query row's keys by index
 // over one or two quantized K = V caches (dsv4-fp8, dsv4-fp4), head dim 512, a sink, bf16 q/o.
 // fmha/kernels/cuda_sparse.py builds it with torch's extension loader and documents the design;
-// the facts it rests on (wgmma operand layouts, st.async, cluster barriers) are NVIDIA's PTX ISA.
+// the facts it rests on (wgmma operand layouts, bulk copies, cluster barriers) are NVIDIA's PTX ISA.
 //
 // One CTA owns 64 query heads of one (request, query row). Heads > 64 run as a 2-CTA cluster
-// (CL = 2): per 64-key tile each CTA gathers and dequantizes 32 keys and stores the bf16 rows
-// into its own shared memory and its peer's (st.async, completing bytes on the receiver's
+// (CL = 2): per 64-key tile each CTA gathers and dequantizes 32 keys into its own shared memory
+// and has the bulk copy engine copy them into its peer's (completing bytes on the peer's
 // mbarrier), so a key is dequantized once for 128 heads. Warpgroups: 0 = QK^T, online softmax,
 // P.V for Dv[0:256]; 1 = P.V for Dv[256:512]; 2 = gather + dequantize (the producer).
 
@@ -66,7 +66,9 @@ struct Params {
   Scope scope[2];
   int n_scopes, T, heads;
   float qk_scale_log2;
-  int64_t* trace;  // null, or clock64() at 8 events of each of the first CTA's first 64 tiles
+  // null, or: clock64() at 8 events of each of the first CTA's first 64 tiles ([64][8]), then each
+  // CTA's %globaltimer at its start and end and its SM ([blocks][4], block = y * gridDim.x + x)
+  int64_t* trace;
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -93,7 +95,7 @@ __device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
 }
 
 // Waits for the phase of parity `parity` to complete; acquire at cluster scope, as a peer's
-// st.async bytes and remote arrivals (release.cluster) land on these barriers.
+// bulk-copied bytes and remote arrivals (release.cluster) land on these barriers.
 __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"
@@ -330,6 +332,20 @@ __device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key
 
 __device__ __forceinline__ int scope_keys(const Scope& sc, int b) {
   return sc.topk_len ? sc.topk_len[b] : sc.topk;
+}
+
+// The CTA's start (`end` false) or end in nanoseconds, and its SM, in the trace's per-CTA rows.
+__device__ __forceinline__ void trace_cta(const Params& p, bool end) {
+  if (!p.trace || threadIdx.x != 0) return;
+  int64_t* row = p.trace + 64 * 8 + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * 4;
+  int64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  row[end] = now;
+  if (!end) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    row[2] = sm;
+  }
 }
 
 __device__ __forceinline__ void trace(const Params& p, int tile, int event) {
@@ -594,6 +610,7 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
   const int row = blockIdx.y, b = row / p.T, t = row % p.T;
   const int head0 = blockIdx.x * ROWS;
   const uint32_t rank = CL == 1 ? 0 : cluster_rank();
+  trace_cta(p, false);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -633,6 +650,7 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
   }
   // No CTA leaves while its peer may still store into its memory or arrive on its barriers.
   if (CL > 1) cluster_sync();
+  trace_cta(p, true);
 }
 
 #ifndef FMHA_KERNEL_ONLY

@@ -1,0 +1,45 @@
+"""Mutants of fmha's CUDA sparse-decode kernel (fmha/kernels/cuda/sparse_decode.cu): the bugs its
+two-CTA exchange and its integer dequantization invite, each put back into its source and built
+as an extension of its own. Like the Gluon kernels' mutants they live apart from the kill matrix
+(which runs on the CPU): tests/test_cuda_sparse.py catches them on a Hopper GPU with nvcc.
+
+What catches each: the cluster cases below through the verdict (a peer's bytes in the wrong
+place), a bounded wait (a barrier that never completes: the case hangs), the contract's FP8 law
+and every e4m3 code through the kernel (subnormals flushed).
+"""
+
+from __future__ import annotations
+
+from fmha.regressions.mutation import Mutant, patched_cuda_sparse_kernel
+from fmha.regressions.paged_cases import SPARSE, TWO_SCOPES
+from fmha.regressions.trap import reproducer
+
+# Hq > 64: two CTAs of a cluster, each dequantizing half of every 64-key tile for both.
+CLUSTER_CASES = (
+    reproducer(SPARSE.replace(heads_q=128, q_len=1, kv_len=70, block_size=16), seed=3,
+               why="128 heads: a 2-CTA cluster, two key tiles (the second ragged)"),
+    reproducer(TWO_SCOPES.replace(heads_q=96, q_len=2, kv_len=40, block_size=8, extra_topk=24, extra_block_size=4),
+               seed=4, why="96 heads over FP8 and FP4 scopes: a cluster whose second CTA has 32 rows"),
+)
+
+MUTANTS = (
+    Mutant(
+        "cuda-sparse-peer-wrong-half", "smem-stride",
+        "each CTA's bulk copy lands in the peer's own half of the tile: half of every tile the consumers read is stale",
+        lambda: patched_cuda_sparse_kernel("cuda-sparse-peer-wrong-half", (
+            "copy_to_peer(peer_addr(tile_at + c * CHUNK_BYTES, peer)",
+            "copy_to_peer(peer_addr(tile_at - half * 128 + peer * 32 * 128 + c * CHUNK_BYTES, peer)"))),
+    Mutant(
+        "cuda-sparse-peer-bytes-miscounted", "",
+        "the ready barrier expects 16 bytes more than the peer copies: its phase never completes, the kernel hangs",
+        lambda: patched_cuda_sparse_kernel("cuda-sparse-peer-bytes-miscounted", (
+            "constexpr uint32_t PEER_TX = KEYS / 2 * (DIM * 2 + 4);",
+            "constexpr uint32_t PEER_TX = KEYS / 2 * (DIM * 2 + 4) + 16;")),
+        isolate="hang"),
+    Mutant(
+        "cuda-sparse-subnormals-flushed", "",
+        "e4m3 codes with exponent bits 0 (subnormals) decoded as 0 on the exact path",
+        lambda: patched_cuda_sparse_kernel("cuda-sparse-subnormals-flushed", (
+            "  if ((byte & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);\n",
+            "  if ((byte & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);\n  if ((byte & 0x78) == 0) return 0.f;\n"))),
+)
