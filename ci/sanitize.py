@@ -97,6 +97,9 @@ def parse_report(text: str, kernel: str, tool: str) -> list[Finding]:
                 findings.append(Finding(kernel, tool, case, _DIRECTORY.sub("", body.strip()), ""))
         elif findings and not findings[-1].where and (located := _LOCATION.search(body)):
             findings[-1].where = f"{located['where']} at {os.path.basename(located['file'])}:{located['line']}"
+        elif findings and body.strip().startswith("and ") and not findings[-1].what.endswith("]"):
+            # A race's other access in a kernel built without line info: its offset is all there is to name it
+            findings[-1].what += f" {body.strip()}"
     return findings
 
 

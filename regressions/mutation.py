@@ -63,18 +63,27 @@ def patch_source(source: str, patches: tuple[tuple[str, str], ...], name: str,
     return source
 
 
+def _digest(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()[:12]
+
+
+def _written(file_name: str, source: str) -> str:
+    """`source` in the private mutant directory as `file_name` (its path), written once."""
+    path = os.path.join(_mutant_dir(), file_name)
+    if not os.path.exists(path):  # atomic: xdist workers may build the same mutant at once
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    return path
+
+
 def _import_patched(prefix: str, name: str, source: str):
     """`source` imported as a module of its own, from a private file (the JIT compilers read
     the source of what they compile)."""
-    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-    module_name = f"fmha.{prefix}_{name.replace('-', '_')}_{digest}"
+    module_name = f"fmha.{prefix}_{name.replace('-', '_')}_{_digest(source)}"
     if module_name not in sys.modules:
-        path = os.path.join(_mutant_dir(), f"{module_name}.py")
-        if not os.path.exists(path):  # atomic: xdist workers may build the same mutant at once
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(source)
-            os.replace(tmp, path)
+        path = _written(f"{module_name}.py", source)
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
@@ -118,13 +127,8 @@ def patched_cuda_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelEn
 
     with open(cuda_sparse.SOURCE) as f:
         source = patch_source(f.read(), patches, name, "fmha/kernels/cuda/sparse_decode.cu")
-    extension = f"fmha_mutant_{name.replace('-', '_')}_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
-    path = os.path.join(_mutant_dir(), f"{extension}.cu")
-    if not os.path.exists(path):  # atomic: xdist workers may patch the same mutant at once
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+    extension = f"fmha_mutant_{name.replace('-', '_')}_{_digest(source)}"
+    path = _written(f"{extension}.cu", source)
     built = functools.cache(lambda: cuda_sparse.build(extension, path))
     return implemented_by(f"mutant:{name}", functools.partial(cuda_sparse.attend, extension=built),
                           cuda_sparse.CAPABILITIES, availability=cuda_sparse.availability, default_devices=("cuda",),

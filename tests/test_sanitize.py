@@ -119,6 +119,17 @@ def test_a_race_is_matched_to_a_record_by_both_of_its_source_lines():
     assert not ledger.known_failure(ledger.LEDGER, "gluon-sparse", "sanitize:racecheck", "cuda", findings[1].lines)
 
 
+def test_a_race_in_a_kernel_without_line_info_names_both_accesses():
+    report = textwrap.dedent("""\
+        fmha-sanitize-case: t/c
+        ========= Error: Race reported between Write access at k+0xd130
+        =========     and Read access at k+0x6d10 [8 hazards]
+        """)
+    findings = sanitize.parse_report(report, "cuda-sparse", "racecheck")
+    assert [f.what for f in findings] == [
+        "Error: Race reported between Write access at k+0xd130 and Read access at k+0x6d10 [8 hazards]"]
+
+
 def test_every_racecheck_record_names_lines_that_still_hold_its_code():
     """A record explains a report on two source lines: when a kernel edit moves the code, the
     record no longer matches, and this says which one to look at again."""
