@@ -5,7 +5,9 @@ as an extension of its own. Like the Gluon kernels' mutants they live apart from
 
 What catches each: the cluster cases below through the verdict (a peer's bytes in the wrong
 place), a bounded wait (a barrier that never completes: the case hangs), the contract's FP8 law
-and every e4m3 code through the kernel (subnormals flushed).
+and every e4m3 code through the kernel (subnormals flushed). A mutant's `trap` names the trap of
+its kind of bug where the library has one (smem-stride: a shared-memory tile partly stale), else
+it is empty.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   64-key tile each CTA gathers and dequantizes 32 keys into its own shared memory, and the bulk
   copy engine copies them into its peer's (`cp.async.bulk.shared::cluster`, completing bytes on
   the peer's mbarrier); a stage is free once both consumer warpgroups of both CTAs arrive on it
-  (remote arrives). So a
-  key is read and dequantized once for 128 heads (fmha.kernels.gluon_sparse: once per 64).
+  (remote arrives). So a key is read and dequantized once for 128 heads
+  (fmha.kernels.gluon_sparse: once per 64).
 - Dequantization is integer work: an e4m3 code's bits moved into a bf16's, the ue8m0 scale
   added to the exponent field (one add for two values); zeros, subnormals, NaN codes and
   scales far from 1 take an exact fp32 path. e2m1 codes go through two 8-entry byte tables
