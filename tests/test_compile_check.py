@@ -4,8 +4,11 @@ tiles checked against Hopper's shared memory."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from fmha.kernels import cuda_sparse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +34,34 @@ def test_the_dsv4_tiles_and_the_v2_kernel_compile_for_hopper_and_fit_shared_memo
     # K and V apart, and K is V, each by the Triton kernel and by the Gluon one; contract v2's
     # Triton kernel on DSV4 sparse decode and a ragged paged prefill, its Gluon one on the first.
     assert run.stdout.count("shared") == 7 and run.stdout.count("Gluon") == 3, run.stdout
-    assert run.stdout.count("v2 ") == 3 and "v2 DSV4 sparse decode, FP8 + FP4 scopes, Gluon" in run.stdout, run.stdout
+    triton_and_gluon = [line for line in run.stdout.splitlines() if line.startswith("v2 ") and ", CUDA" not in line]
+    assert len(triton_and_gluon) == 3 and "v2 DSV4 sparse decode, FP8 + FP4 scopes, Gluon" in run.stdout, run.stdout
+    # and the CUDA kernel's two instances, where nvcc is installed
+    cuda = [line for line in run.stdout.splitlines() if line.startswith("v2 DSV4 sparse decode, CUDA")]
+    assert len(cuda) == (2 if cuda_sparse.nvcc() else 1) and "SPILLS" not in run.stdout, run.stdout
+
+
+def _check_patched_cuda_kernel(tmp_path, old: str, new: str) -> subprocess.CompletedProcess:
+    """compile_check's CUDA lines for the kernel's source with `old` replaced by `new`."""
+    if cuda_sparse.nvcc() is None:
+        pytest.skip("no nvcc: the CUDA kernel is compiled only where nvcc is installed")
+    source = Path(cuda_sparse.SOURCE).read_text()
+    assert source.count(old) == 1, f"the kernel no longer has {old!r}"
+    patched = tmp_path / "sparse_decode.cu"
+    patched.write_text(source.replace(old, new))
+    return _run(f"import sys; from fmha.kernels.compile_check import _check_cuda_sparse\n"
+                f"sys.exit(_check_cuda_sparse({str(patched)!r}))")
+
+
+def test_a_cuda_kernel_that_spills_is_reported(tmp_path):
+    # The producer's 128 threads held to 24 registers each: a key's bytes no longer fit.
+    run = _check_patched_cuda_kernel(tmp_path, "regs_dec<96>();", "regs_dec<24>();")
+    assert run.returncode == 2 and run.stdout.count("SPILLS") == 2, run.stdout + run.stderr
+
+
+def test_a_cuda_kernel_over_the_shared_memory_limit_does_not_compile(tmp_path):
+    run = _check_patched_cuda_kernel(tmp_path, "constexpr int STAGES = 2;", "constexpr int STAGES = 3;")
+    assert run.returncode == 1 and "does not compile" in run.stdout and "227 KiB" in run.stdout, run.stdout + run.stderr
 
 
 @pytest.mark.timeout(600)

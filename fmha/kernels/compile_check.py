@@ -2,7 +2,8 @@
 what the tile table costs: shared memory, registers, stack (spills). Head dim 512 in bf16 also
 compiles the Gluon kernel that runs it on Hopper (fmha.kernels.gluon_dense); `--sources` compiles
 contract v2's kernels (fmha.kernels.triton_paged for its DSV4 sparse decode and a ragged paged prefill,
-fmha.kernels.gluon_sparse for the sparse decode).
+fmha.kernels.gluon_sparse for the sparse decode, and where nvcc is installed fmha.kernels.cuda_sparse,
+its CUDA C++ kernel compiled alone: a build error or a spill fails).
 
     TRITON_INTERPRET=0 python -m fmha.kernels.compile_check [HEAD_DIM ...] [--dtype bf16|fp16|fp32 ...] [--sources]
 
@@ -113,6 +114,27 @@ def compile_gluon_sparse(problem: Problem) -> tuple[int, int, int]:
                     {"num_warps": 4}, aligned)
 
 
+def compile_cuda_sparse(source: str | None = None) -> list[tuple[str, int, int]]:
+    """(instance, registers per thread, spilled bytes) of each instance of the CUDA sparse-decode
+    kernel (a lone CTA, a 2-CTA cluster) that nvcc builds from `source` (its .cu by default)
+    alone, without torch's headers; a build error is a CalledProcessError with nvcc's output.
+    Its shared memory is checked by the source itself (a static_assert)."""
+    from fmha.kernels import cuda_sparse
+
+    with tempfile.TemporaryDirectory() as out:
+        report = subprocess.run(
+            [cuda_sparse.nvcc(), "-c", *cuda_sparse.NVCC_FLAGS, "-Xptxas", "-v", "-DFMHA_KERNEL_ONLY",
+             f"-I{cuda_sparse.SOURCE_DIR}", "-o", os.path.join(out, "kernel.o"), source or cuda_sparse.SOURCE],
+            capture_output=True, text=True, check=True).stderr
+    instances = []
+    for entry in re.split(r"Compiling entry function", report)[1:]:
+        cluster = re.search(r"sparse_decode_kernelILi(\d)E", entry).group(1)
+        spills = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", entry)))
+        registers = int(re.search(r"Used (\d+) registers", entry).group(1))
+        instances.append(("a lone CTA" if cluster == "1" else "a 2-CTA cluster", registers, spills))
+    return instances
+
+
 def _compile(source_type, kernel, types: dict, constants: dict, options: dict, aligned=()) -> tuple[int, int, int]:
     """Compile `kernel` for sm_90 (arguments not in `types` are i32, `constants` constexpr,
     those in `aligned` divisible by 16); return (shared memory bytes, registers per thread,
@@ -170,7 +192,28 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 -- as above
             failures += 1
             print(f"v2 {what}: does not compile: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+    if args.sources:
+        failures += _check_cuda_sparse()
     return 1 if failures else 0
+
+
+def _check_cuda_sparse(source: str | None = None) -> int:
+    """Print the CUDA kernel's instances; the number that do not build or spill."""
+    from fmha.kernels import cuda_sparse
+
+    what = "v2 DSV4 sparse decode, CUDA"
+    if cuda_sparse.nvcc() is None:
+        print(f"{what}: not compiled: no nvcc (set CUDA_HOME or put nvcc on PATH)", flush=True)
+        return 0
+    try:
+        instances = compile_cuda_sparse(source)
+    except subprocess.CalledProcessError as e:
+        errors = [line for line in e.stderr.splitlines() if "error" in line] or e.stderr.splitlines()[-1:]
+        print(f"{what}: does not compile: {' / '.join(errors)[:300]}", flush=True)
+        return 1
+    for instance, registers, spills in instances:
+        print(f"{what}, {instance}: {registers} registers, spills {spills} B{' SPILLS' if spills else ''}", flush=True)
+    return sum(spills > 0 for _, _, spills in instances)
 
 
 def _report(what: str, shared: int, registers: int, stack: int) -> bool:

@@ -42,6 +42,7 @@ constexpr int OFF_BAR = OFF_FINAL + 2 * ROWS * 4;       // mbarriers
 constexpr int BAR_READY = 0, BAR_FREE = STAGES, BAR_PFULL = 2 * STAGES, BAR_PFREE = 2 * STAGES + 2;
 constexpr int N_BARS = 2 * STAGES + 4;
 constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024;  // + the 1024-byte alignment of the base
+static_assert(SMEM_BYTES <= 232448, "more shared memory than a block may have on sm_90 (227 KiB)");
 
 constexpr int THREADS = 384;
 constexpr float LOG2E = 1.4426950408889634f;
