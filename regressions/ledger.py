@@ -194,9 +194,9 @@ _CUDA_HANDOFFS = (
 LEDGER += tuple(
     KnownFailure("cuda-sparse", "sanitize:racecheck", f"{why}. The named barrier (and the arrive after it) orders the accesses under the PTX memory model; racecheck does not model it",
                  "fmha issue 32", devices=("cuda",), case=pair,
-                 evidence="python -m fmha.ci.sanitize --fmha-kernel cuda-sparse --tool racecheck: 56 reports, 14 a "
-                          "hand-off line, all on these pairs; memcheck and synccheck 0 (an H200, torch 2.11, nvcc "
-                          "13.0, 2026-12-03)")
+                 evidence="python -m fmha.ci.sanitize --fmha-kernel cuda-sparse --tool racecheck: 56 reports (14 at the "
+                          "producer's store of the row, 28 at warpgroup 1's loads of the rescale factors, 14 at its "
+                          "loads of the final factors); memcheck and synccheck 0 (an H200, torch 2.11, 2026-12-03)")
     for first, others, why in _CUDA_HANDOFFS for other in others
     for pair in (f"{first} <-> {other}", f"{other} <-> {first}"))
 
