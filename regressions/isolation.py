@@ -8,6 +8,7 @@ bounds the kernel, not Python's start-up.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import signal
 
@@ -17,16 +18,26 @@ START_TIMEOUT_S = 300  # imports (torch, triton) on a cold machine
 CASE_TIMEOUT_S = {"cpu": 5, "cuda": 20}
 
 
-def _child(conn, kernel_spec: str, trap_id: str, case_index: int, device: str) -> None:
-    from fmha.regressions.mutants import resolve
-    from fmha.regressions.trap import check_case
+def _case(cases: str, index: int):
+    """(case, symptom checks): case `index` of trap `cases`, or of the tuple of samples at the
+    'module:attr' path `cases` (a GPU kernel's own cases: regressions.cuda_mutants)."""
+    if ":" in cases:
+        module, attr = cases.split(":")
+        return getattr(importlib.import_module(module), attr)[index], ()
     from fmha.regressions.traps import TRAPS
 
+    return TRAPS[cases].cases[index], TRAPS[cases].symptoms
+
+
+def _child(conn, kernel_spec: str, cases: str, case_index: int, device: str) -> None:
+    from fmha.regressions.mutants import resolve
+    from fmha.regressions.trap import check_case
+
     kernel = resolve(kernel_spec)
-    trap = TRAPS[trap_id]
+    case, symptoms = _case(cases, case_index)
     conn.send(("ready", None))
     try:
-        conn.send(("done", check_case(kernel, trap.cases[case_index], device, trap.symptoms)))
+        conn.send(("done", check_case(kernel, case, device, symptoms)))
     except Exception as e:  # noqa: BLE001 -- the exception is the finding, reported to the parent
         conn.send(("raised", f"{type(e).__name__}: {e}"))
 
@@ -40,17 +51,18 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def check_case_isolated(kernel_spec: str, trap_id: str, case_index: int, device: str,
+def check_case_isolated(kernel_spec: str, cases: str, case_index: int, device: str,
                         timeout_s: float | None = None) -> list[str]:
     """check_case in a spawned child: its failures, or one failure naming the hang or crash.
 
     `kernel_spec` is anything regressions.mutants.resolve takes: a registry name, a
-    'module:attr' path, or 'mutant:<name>'.
+    'module:attr' path, or 'mutant:<name>'. `cases` is a trap's id or the 'module:attr' path
+    of a tuple of samples; `case_index` picks one.
     """
     timeout_s = CASE_TIMEOUT_S[device] if timeout_s is None else timeout_s
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(sender, kernel_spec, trap_id, case_index, device), daemon=True)
+    child = context.Process(target=_child, args=(sender, kernel_spec, cases, case_index, device), daemon=True)
     child.start()
     sender.close()
     try:

@@ -2,8 +2,8 @@
 
     pytest properties --fmha-kernel regressions.mutants:normalize_twice
 
-Attribute names are mutant names with '_' for '-'. `resolve` also takes 'mutant:<name>' and
-anything fmha.registry.resolve_kernel takes.
+Attribute names are mutant names with '_' for '-'. `resolve` also takes 'mutant:<name>' (any
+of fmha's mutants, the GPU kernels' too) and anything fmha.registry.resolve_kernel takes.
 """
 
 from __future__ import annotations
@@ -17,16 +17,25 @@ from fmha.registry import resolve_kernel
 
 def resolve(spec: str) -> KernelEntry:
     if spec.startswith("mutant:"):
-        from fmha.regressions.traps import MUTANTS
-        return MUTANTS[spec.removeprefix("mutant:")].kernel()
+        return every_mutant()[spec.removeprefix("mutant:")].kernel()
     return resolve_kernel(spec)
+
+
+def every_mutant() -> dict:
+    """Name -> mutant: the traps' and the GPU kernels' (regressions.gluon_mutants and
+    regressions.cuda_mutants, which live apart from the kill matrix)."""
+    from fmha.regressions import cuda_mutants, gluon_mutants
+    from fmha.regressions.traps import MUTANTS
+
+    gpu = (*gluon_mutants.MUTANTS, *gluon_mutants.SPARSE_MUTANTS, *cuda_mutants.MUTANTS)
+    return {**MUTANTS, **{mutant.name: mutant for mutant in gpu}}
 
 
 def __getattr__(attr: str) -> KernelEntry:
     if attr.startswith("__"):  # the import machinery probes dunders (__path__, ...)
         raise AttributeError(attr)
-    from fmha.regressions.traps import MUTANTS
+    mutants = every_mutant()
     name = attr.replace("_", "-")
-    if name not in MUTANTS:
-        raise AttributeError(f"no mutant {name!r}; mutants: {', '.join(MUTANTS)}")
-    return MUTANTS[name].kernel()
+    if name not in mutants:
+        raise AttributeError(f"no mutant {name!r}; mutants: {', '.join(mutants)}")
+    return mutants[name].kernel()

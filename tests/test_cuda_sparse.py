@@ -5,9 +5,6 @@ or a 2-CTA cluster sharing each tile) and MTP rows against the oracle; rows with
 random index-sparse draws inside its capabilities against the oracle; and its mutants
 (regressions/cuda_mutants.py) caught."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,6 +17,7 @@ from fmha.oracles.sample import Sample
 from fmha.properties.catalog import LAWS
 from fmha.properties.paged_strategies import paged_samples
 from fmha.regressions.cuda_mutants import CLUSTER_CASES, MUTANTS
+from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.paged_cases import SPARSE
 from fmha.regressions.trap import check_case
 from fmha.registry import resolve_kernel
@@ -184,13 +182,9 @@ def test_a_miscounted_peer_barrier_hangs_and_is_caught_in_bounded_time(cuda_hopp
     timeout (the mutant is built here first, so the timeout bounds the kernel, not nvcc)."""
     mutant = MUTANT["cuda-sparse-peer-bytes-miscounted"]
     mutant.kernel().apply.keywords["extension"]()  # built (and cached by torch) before the child loads it
-    child = (f"from fmha.regressions.cuda_mutants import CLUSTER_CASES, MUTANTS\n"
-             f"from fmha.regressions.trap import check_case\n"
-             f"mutant = next(m for m in MUTANTS if m.name == {mutant.name!r})\n"
-             f"print(check_case(mutant.kernel(), CLUSTER_CASES[0], {cuda_hopper!r}))\n")
-    with pytest.raises(subprocess.TimeoutExpired):
-        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=90)
-        pytest.fail(f"{mutant.name} ({mutant.bug}) returned (exit {done.returncode}): {done.stdout[-500:]}{done.stderr[-500:]}")
+    failures = check_case_isolated(f"mutant:{mutant.name}", "fmha.regressions.cuda_mutants:CLUSTER_CASES", 0,
+                                   cuda_hopper, timeout_s=90)
+    assert failures and failures[0].startswith("hang:"), f"{mutant.name} ({mutant.bug}) did not hang: {failures}"
 
 
 @GPU

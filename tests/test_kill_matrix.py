@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fmha.regressions import kill_matrix
-from fmha.regressions.isolation import CASE_TIMEOUT_S
+from fmha.regressions.isolation import CASE_TIMEOUT_S, check_case_isolated
 from fmha.regressions.kill_matrix import case_failures
 from fmha.regressions.mutation import MutationError, patch_source
 from fmha.regressions.traps import MUTANTS, TRAPS
@@ -36,6 +36,14 @@ def test_mutant_fails_its_own_case(mutant, index, device):
         assert time.monotonic() - start < CASE_TIMEOUT_S[device] + 120
     if mutant.isolate == "crash":
         assert failures[0].startswith(("crash:", "raised")), f"expected a crash or a raised CUDA error, got {failures}"
+
+
+@pytest.mark.starts_first  # two spawned children
+def test_an_isolated_case_comes_from_a_trap_or_from_a_module_of_cases():
+    """The GPU kernels' own cases (regressions.cuda_mutants) run isolated like a trap's: the
+    reference passes a cluster case; a trap's mutant, resolved by name, fails its own case."""
+    assert check_case_isolated("reference", "fmha.regressions.cuda_mutants:CLUSTER_CASES", 0, "cpu", 300) == []
+    assert check_case_isolated("mutant:minus-one-is-slot-0", "minus-one-is-slot-0", 0, "cpu", 300)
 
 
 def test_every_trap_is_proven_by_a_mutant():
