@@ -19,8 +19,20 @@ _TOPK = re.compile(r"-topk(\d+\+\d+)")
 
 
 def _gap(r: dict) -> float:
-    """1 - cos of a run that returned (a non-finite cosine is the worst there is)."""
-    return 1 - r["cos"] if r["cos"] is not None and math.isfinite(r["cos"]) else 1.0
+    """1 - cos of a run that returned (a non-finite cosine, or NaN, inf or unwritten output
+    elements, which the cosine leaves out, are the worst there is)."""
+    if r["cos"] is None or not math.isfinite(r["cos"]) or r.get("nonfinite") or r.get("unwritten"):
+        return 1.0
+    return 1 - r["cos"]
+
+
+def why_below(r: dict, gate: float) -> str:
+    """Why a run that returned an answer is not at the gate."""
+    why = [f"{r[k]} {what} output elements" for k, what in (("nonfinite", "NaN or inf"), ("unwritten", "unwritten"))
+           if r.get(k)]
+    if r["cos"] < gate:
+        why.append(f"cos {r['cos']:.7f}, {gate - r['cos']:.2e} below the gate (worst row {r['worst_row_cos']:.7f})")
+    return "; ".join(why)
 
 
 def worst_by_cell(runs: list[dict], sparse: bool = False) -> dict[tuple, float | None]:
@@ -146,10 +158,10 @@ def _failing_configs(t, gate: float) -> list[dict]:
     rows = []
     for config, runs in t.failing_by_config.items():
         raised = [r for r in runs if "error" in r]
-        worst = max((_gap(r) for r in runs if "cos" in r), default=None)
-        rows.append(dict(config=config, runs=len(runs), sort=1.0 if raised else worst,
-                         worst=f"raised {raised[0]['error']}" if raised else f"cos {1 - worst:.7f}",
-                         by="" if raised else f"{worst - (1 - gate):.2e}"))
+        worst = max((r for r in runs if "cos" in r), key=_gap, default=None)
+        rows.append(dict(config=config, runs=len(runs), sort=1.0 if raised else _gap(worst),
+                         worst=f"raised {raised[0]['error']}" if raised else why_below(worst, gate),
+                         by="" if raised else f"{_gap(worst) - (1 - gate):.2e}"))
     return sorted(rows, key=lambda row: -row["sort"])
 
 
@@ -207,7 +219,7 @@ def junit(tallies: dict, gate: float) -> str:
             case = ET.SubElement(suite, "testcase", classname=f"nightly.{name}", name=config)
             bad = failing.get(config, [])
             text = "\n".join(f"{r['case']} {r['distribution']} seed {r['seed']}: "
-                             + (f"raised {r['error']}" if "error" in r else f"cos {r['cos']:.7f} < {gate}")
+                             + (f"raised {r['error']}" if "error" in r else why_below(r, gate))
                              for r in bad)
             if bad and not t.gated:
                 ET.SubElement(case, "system-out").text = f"compared, not gated:\n{text}"

@@ -117,3 +117,37 @@ def test_by_default_the_gate_judges_fmha_and_compared_kernels_never_fail_it(tmp_
     assert page.by_id["verdict"].strip().startswith("PASSED"), page.by_id["verdict"]
     suites = {s.get("name"): s for s in ET.parse(out / "junit.xml").getroot().iter("testsuite")}
     assert suites["sdpa-flash"].get("failures") == "0" and suites["fmha"].get("failures") == "0"
+
+
+BLANK = textwrap.dedent('''
+    from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, reference
+
+    def nan(q, k, v, *, out=None, **kwargs):  # the reference's answer, every element then NaN
+        o, lse = reference(q, k, v, out=out, **kwargs)
+        return o.fill_(float("nan")), lse
+
+    def unwritten(q, k, v, *, out=None, **kwargs):  # computes the answer, never writes it into out=
+        o, lse = reference(q, k, v, **kwargs)
+        return (o if out is None else out), lse
+
+    nan.capabilities = unwritten.capabilities = REFERENCE
+''')
+
+
+def test_an_output_of_nan_or_never_written_is_below_the_gate(tmp_path, monkeypatch):
+    """The cosine leaves NaN, inf and unwritten elements out (they are reported apart): an
+    output made of nothing else has cosine 1 and must fail the run all the same."""
+    from fmha import registry
+    from fmha.ci import nightly, report_html
+    from fmha.properties.grid import GRID
+
+    (tmp_path / "blank_kernels.py").write_text(BLANK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kernels = [registry.resolve_kernel(f"blank_kernels:{name}") for name in ("nan", "unwritten")]
+    configs = [c for c in GRID if (c.head_dim, c.q_len, c.kv_len) == (64, 1, 128)]
+    records = nightly.run_gate(kernels, "cpu", 1, nightly.cases(configs, []), progress=False)
+    assert records and all("cos" in r and not r["passed"] for r in records), records
+    assert {r["kernel"]: r["cos"] for r in records} == {"blank_kernels:nan": 1.0, "blank_kernels:unwritten": 1.0}
+    summary, failing = nightly.summarize(records, None, "# night")
+    assert failing and "NaN or inf output elements" in summary and "unwritten output elements" in summary, summary
+    assert all(report_html.worst_by_cell(t.runs)[("hd64 T=1", "S=128")] == 1.0 for t in nightly.tally(records).values())
