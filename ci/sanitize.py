@@ -37,7 +37,9 @@ OWN = ("fmha", "triton")  # the kernels sanitized without --fmha-kernel
 MARK = "fmha-sanitize-case: "
 FINDINGS = ("Invalid", "Race reported", "Barrier error", "Divergent", "hazard", "Uninitialized", "Misaligned")
 CONSEQUENCES = ("Program hit", "Target application returned", "process didn't terminate")
-_LOCATION = re.compile(r"at (?P<where>\S+?)(?:\+0x[0-9a-f]+)? in (?P<file>\S+?):(?P<line>\d+)")
+# "at <function>[+0x<offset>] in <file>:<line>"; a CUDA C++ function is its demangled signature, spaces and all
+_LOCATION = re.compile(r"at (?P<where>\S.*?)(?:\+0x[0-9a-f]+)? in (?P<file>[^\s:]+):(?P<line>\d+)")
+_SOURCE_LINE = re.compile(r" in (?P<file>[^\s:]+):(?P<line>\d+)")
 _DIRECTORY = re.compile(r"(?<= in )\S*/(?=[^/\s]+:\d+)")
 
 
@@ -55,9 +57,11 @@ class Finding:
     def lines(self) -> str:
         """The source lines involved, "file:line <-> file:line" for a race (first access, then
         the other), what a ledger record's `case` names."""
-        first = _LOCATION.search(self.what)
+        named = [f"{os.path.basename(m['file'])}:{m['line']}" for m in _SOURCE_LINE.finditer(self.what)]
         other = self.where.rpartition(" at ")[2]
-        return f"{first['file']}:{first['line']} <-> {other}" if first else other
+        if len(named) >= 2:  # both accesses on the report's line (a CUDA C++ kernel's)
+            return f"{named[0]} <-> {named[1]}"
+        return f"{named[0]} <-> {other}" if named else other
 
 
 def run_cases(kernel_spec: str, device: str) -> None:
@@ -98,8 +102,9 @@ def parse_report(text: str, kernel: str, tool: str) -> list[Finding]:
         elif findings and not findings[-1].where and (located := _LOCATION.search(body)):
             findings[-1].where = f"{located['where']} at {os.path.basename(located['file'])}:{located['line']}"
         elif findings and body.strip().startswith("and ") and not findings[-1].what.endswith("]"):
-            # A race's other access in a kernel built without line info: its offset is all there is to name it
-            findings[-1].what += f" {body.strip()}"
+            # A race's other access that the location pattern above does not read (a kernel built
+            # without line info: its offset is all there is to name it)
+            findings[-1].what += f" {_DIRECTORY.sub('', body.strip())}"
     return findings
 
 

@@ -1,4 +1,7 @@
-"""The roofline floors `python -m fmha.bench` divides by (the timings themselves need a GPU)."""
+"""The roofline floors `python -m fmha.bench` divides by, and the columns `fmha.bench.cuda_variants`
+assembles (the timings themselves need a GPU)."""
+
+import os
 
 import pytest
 
@@ -26,3 +29,27 @@ def test_a_sparse_decode_moves_its_fp8_keys_once_per_query_row(name):
     q_o_lse = rows * p.heads_q * (2 * (p.head_dim + p.head_dim_v) + 4)
     assert sparse_bench.bytes_moved(p) - q_o_lse == rows * sparse_bench.keys_per_row(p) * DSV4_FP8.token_bytes
     assert DSV4_FP8.token_bytes == 448 + 2 * 64 + 8
+
+
+def test_cuda_variants_assembles_each_column_from_its_own_source(tmp_path):
+    """`python -m fmha.bench.cuda_variants`'s columns (the timings need a GPU): the kernel as it
+    is, a git revision with its own header beside it, an edited copy; each built under a name
+    of its content, so that torch's cache never serves one variant for another."""
+    import subprocess
+
+    from fmha.bench import cuda_variants
+    from fmha.kernels import cuda_sparse
+
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=cuda_sparse.SOURCE_DIR, capture_output=True).returncode:
+        pytest.skip("the package does not run from a git checkout (an installed copy): no revisions to show")
+    edited = tmp_path / "edited.cu"
+    edited.write_text(open(cuda_sparse.SOURCE).read().replace("constexpr int STAGES = 2;", "constexpr int STAGES = 3;"))
+    columns = cuda_variants.variants(["HEAD"], [f"edited={edited}"], with_kernel=True)
+    assert list(columns) == ["kernel", "HEAD", "edited"]
+    assert columns["kernel"] == cuda_sparse.SOURCE
+    assert open(columns["HEAD"]).read().startswith("// DeepSeek-V4's sparse decode")
+    assert sorted(os.listdir(os.path.dirname(columns["HEAD"]))) == ["sparse_decode.cu", "wgmma.cuh"]
+    names = {cuda_variants.extension_name(name, path) for name, path in columns.items()}
+    assert len(names) == 3 and cuda_variants.extension_name("edited", str(edited)) in names
+    with pytest.raises(SystemExit, match="NAME=PATH"):
+        cuda_variants.variants([], ["no-path-given"], with_kernel=False)

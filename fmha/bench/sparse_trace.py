@@ -1,13 +1,14 @@
-"""Where fmha.kernels.cuda_sparse's time goes, tile by tile (GPU): clock64() at eight events of each
+"""Where fmha.kernels.cuda_sparse's time goes, tile by tile (GPU): clock64() at eleven events of each
 of the first CTA's tiles on the first bench shape (fmha.bench.sparse), as cycles from the
-producer's first free stage.
+producer's first loads.
 
     python -m fmha.bench.sparse_trace
 
-Columns: the producer's stage free and its half tile stored (and copied to the peer); warpgroup
-0's keys ready, QK^T done, P written and P.V done; warpgroup 1's P received and P.V done. Then
-every CTA's span (%globaltimer): how long the CTAs ran, on how many SMs, and whether some
-started only after others had ended (a second wave).
+Columns: the producer's loads issued, its stage free, its first thread's key stored, all its
+keys stored, and its half tile copied to the peer; warpgroup 0's keys ready, QK^T done, P
+written and P.V done; warpgroup 1's P received and P.V done. Then every CTA's span
+(%globaltimer): how long the CTAs ran, on how many SMs, whether some started only after others
+had ended (a second wave), and its phases: to the first tile, the tiles, the output, the end.
 """
 
 import sys
@@ -17,8 +18,9 @@ import torch
 from fmha.bench import sparse
 from fmha.kernels import cuda_sparse
 
-EVENTS = ("prod_free", "prod_stored", "wg0_ready", "wg0_qk", "wg0_p", "wg0_pv", "wg1_pfull", "wg1_pv")
-ORDER = (6, 7, 0, 1, 2, 3, 4, 5)  # the kernel's event numbers, in the columns' order
+EVENTS = ("prod_load", "prod_free", "prod_own", "prod_all", "prod_stored", "wg0_ready", "wg0_qk", "wg0_p", "wg0_pv",
+          "wg1_pfull", "wg1_pv")
+ORDER = (8, 6, 9, 10, 7, 0, 1, 2, 3, 4, 5)  # the kernel's event numbers, in the columns' order
 
 
 def main() -> int:
@@ -28,24 +30,31 @@ def main() -> int:
     name, p = next(iter(sparse.SHAPES.items()))
     x = sparse.inputs(p)
     blocks = p.batch * p.q_len * -(-p.heads_q // 64)
-    trace = torch.zeros(64 * 8 + 4 * blocks, dtype=torch.int64, device="cuda")
+    events, per_cta = cuda_sparse.module().trace_events, cuda_sparse.module().trace_cta
+    trace = torch.zeros(64 * events + per_cta * blocks, dtype=torch.int64, device="cuda")
     o = torch.empty(p.batch, p.q_len, p.heads_q, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(p.batch, p.heads_q, p.q_len, dtype=torch.float32, device="cuda")
     for _ in range(3):  # the last run's clocks stay
         cuda_sparse.module().sparse_decode(x["q"], o, lse, x["sink"], x["k_cache"], x["indices"], None, 1,
                                            x["extra_k_cache"], x["extra_indices"], None, 1, 512**-0.5, trace)
-    t = trace[:64 * 8].view(64, 8).cpu()
+    t = trace[:64 * events].view(64, events).cpu()
     tiles = -(-p.kv_len // 64) + -(-p.extra_topk // 64)
-    print(f"{name}, {torch.cuda.get_device_name()}: cycles from the producer's first free stage")
+    print(f"{name}, {torch.cuda.get_device_name()}: cycles from the producer's first loads")
     print("tile " + " ".join(f"{e:>11}" for e in EVENTS))
     for i in range(min(tiles, 64)):
-        print(f"{i:4d} " + " ".join(f"{int(t[i, e] - t[0, 6]):11d}" for e in ORDER))
-    spans = trace[64 * 8:].view(blocks, 4).cpu()
+        print(f"{i:4d} " + " ".join(f"{int(t[i, e] - t[0, 8]):11d}" for e in ORDER))
+    spans = trace[64 * events:].view(blocks, per_cta).cpu()
     start, end = spans[:, 0] - spans[:, 0].min(), spans[:, 1] - spans[:, 0].min()
     ran = (end - start).double()
     print(f"{blocks} CTAs on {len(set(spans[:, 2].tolist()))} SMs: all ended {int(end.max()) / 1e3:.1f} us after the "
           f"first start; a CTA ran {ran.median().item() / 1e3:.1f} us (median), {ran.min().item() / 1e3:.1f}-"
           f"{ran.max().item() / 1e3:.1f}; {int((start >= end.min()).sum())} started after the first had ended")
+    for what, (a, b) in {"from its start to its first tile (the barriers, the cluster's start, q)": (0, 3),
+                         "in its tiles": (3, 4), "from its last tile to its half of o stored": (4, 5),
+                         "from then to its end (the cluster's last barrier)": (5, 1)}.items():
+        us = (spans[:, b] - spans[:, a]).double() / 1e3
+        print(f"a CTA's warpgroup 0 {what}: {us.median().item():.1f} us (median), {us.min().item():.1f}-"
+              f"{us.max().item():.1f}")
     return 0
 
 

@@ -15,12 +15,14 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   (`prmt`) and one bf16x2 multiply by the scale.
 - Warpgroup 0: QK^T (wgmma m64n64k16, q and keys from shared memory), the online softmax,
   P as bf16 hi + lo (the gate's precision: P rounded to bf16 alone is FlashMLA's 0.9999979),
-  P.V for Dv[0:256]; warpgroup 1: P.V for Dv[256:512] (m64n256k16, the key tile read as V);
-  warpgroup 2: the producer. Two key stages, two P buffers.
+  P.V for Dv[0:256] with P from its registers; warpgroup 1: P.V for Dv[256:512] (m64n256k16,
+  the key tile read as V, P from shared memory); warpgroup 2: the producer. Two key stages, two
+  P buffers. Both consumer warpgroups load q while the producer gathers the first tiles.
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
-configs, but 2.1-2.2x FlashMLA's time (its producer is the bottleneck), so fmha.attention runs
-the Gluon kernel first; `implementation="cuda"` runs this one.
+configs, but 2.0-2.1x FlashMLA's time (the producer is the bottleneck: its per-word branch
+between the integer and the exact e4m3 path costs a fifth of the kernel), so fmha.attention
+runs the Gluon kernel first; `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
 ~/.cache/torch_extensions). Where it cannot build or run, `availability` says why and

@@ -7,7 +7,8 @@
 // (CL = 2): per 64-key tile each CTA gathers and dequantizes 32 keys into its own shared memory
 // and has the bulk copy engine copy them into its peer's (completing bytes on the peer's
 // mbarrier), so a key is dequantized once for 128 heads. Warpgroups: 0 = QK^T, online softmax,
-// P.V for Dv[0:256]; 1 = P.V for Dv[256:512]; 2 = gather + dequantize (the producer).
+// P.V for Dv[0:256] (P from registers); 1 = P.V for Dv[256:512] (P from shared memory); 2 = gather +
+// dequantize (the producer).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -45,6 +46,8 @@ constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024;  // + the 1024-byte alig
 static_assert(SMEM_BYTES <= 232448, "more shared memory than a block may have on sm_90 (227 KiB)");
 
 constexpr int THREADS = 384;
+constexpr int TRACE_EVENTS = 11;  // per tile (Params::trace); fmha/bench/sparse_trace.py names them
+constexpr int TRACE_CTA = 6;      // per CTA
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -67,8 +70,8 @@ struct Params {
   Scope scope[2];
   int n_scopes, T, heads;
   float qk_scale_log2;
-  // null, or: clock64() at 8 events of each of the first CTA's first 64 tiles ([64][8]), then each
-  // CTA's %globaltimer at its start and end and its SM ([blocks][4], block = y * gridDim.x + x)
+  // null, or: clock64() at TRACE_EVENTS events of each of the first CTA's first 64 tiles, then a
+  // row of TRACE_CTA for each CTA (block = y * gridDim.x + x): CtaEvent's %globaltimer, its SM
   int64_t* trace;
 };
 
@@ -335,14 +338,17 @@ __device__ __forceinline__ int scope_keys(const Scope& sc, int b) {
   return sc.topk_len ? sc.topk_len[b] : sc.topk;
 }
 
-// The CTA's start (`end` false) or end in nanoseconds, and its SM, in the trace's per-CTA rows.
-__device__ __forceinline__ void trace_cta(const Params& p, bool end) {
+// Warpgroup 0's: has q and starts its tiles, has left them, has stored its half of o. Column 2 is the SM.
+enum CtaEvent { CTA_START = 0, CTA_END = 1, CTA_TILES = 3, CTA_TILES_DONE = 4, CTA_STORED = 5 };
+
+// The CTA's `event` in nanoseconds (and at its start its SM) in the trace's per-CTA rows.
+__device__ __forceinline__ void trace_cta(const Params& p, CtaEvent event) {
   if (!p.trace || threadIdx.x != 0) return;
-  int64_t* row = p.trace + 64 * 8 + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * 4;
+  int64_t* row = p.trace + 64 * TRACE_EVENTS + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * TRACE_CTA;
   int64_t now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  row[end] = now;
-  if (!end) {
+  row[event] = now;
+  if (event == CTA_START) {
     uint32_t sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     row[2] = sm;
@@ -350,7 +356,7 @@ __device__ __forceinline__ void trace_cta(const Params& p, bool end) {
 }
 
 __device__ __forceinline__ void trace(const Params& p, int tile, int event) {
-  if (p.trace && blockIdx.x == 0 && blockIdx.y == 0 && tile < 64) p.trace[tile * 8 + event] = clock64();
+  if (p.trace && blockIdx.x == 0 && blockIdx.y == 0 && tile < 64) p.trace[tile * TRACE_EVENTS + event] = clock64();
 }
 
 // The tiles: the first scope's keys in tiles of 64, then the second's. A CTA of a 2-CTA
@@ -378,6 +384,7 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
   for (int piece = 0; piece < pieces; ++piece) {
     const int tile = piece / HALVES, stage = tile % STAGES;
     const Scope& sc = p.scope[tile >= tiles0];
+    if (tid == 0 && piece % HALVES == 0) trace(p, tile, 8);
     const KeyBytes bytes = load_key(sc, slot, sub);
     slot = piece + 1 < pieces ? slot_of(piece + 1) : -1;  // in flight with this piece's bytes
     if (piece % HALVES == 0) {  // both CTAs' consumers are done with the stage (the peer's too: we copy into it)
@@ -386,9 +393,11 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
     }
     store_key(sc.layout, bytes, half_of(piece) * 32 + key_in_half, sub, smem, stage);
     if (piece % HALVES != HALVES - 1) continue;
+    if (tid == 0) trace(p, tile, 9);
     fence_proxy_async();  // the tile is read by wgmma and the bulk copy engine (the async proxy)
     named_sync(4, 128);
     if (tid == 0) {
+      trace(p, tile, 10);
       if (CL == 2) {
         const uint32_t peer = rank ^ 1, half = rank * 32;
         const uint32_t tile_at = smem_u32(smem + OFF_K + stage * TILE_BYTES) + half * 128;
@@ -409,6 +418,27 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
 
 // ---- the consumers --------------------------------------------------------------------------
 
+// q (this CTA's 64 heads; rows past Hq are zeros) into shared memory by both consumer warpgroups
+// while the producer gathers the first tiles: 16 loads of 16 bytes a thread, all in flight at
+// once, then their stores. Warpgroup 1 (which never reads q) only arrives on the named barrier.
+__device__ __forceinline__ void load_q(const Params& p, uint8_t* smem, int b, int t, int head0) {
+  constexpr int PER_THREAD = ROWS * 64 / 256;
+  const int tid = threadIdx.x, unit = tid % 64;
+  const __nv_bfloat16* q = p.q + b * p.q_sb + t * p.q_st;
+  uint4 v[PER_THREAD];
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) {
+    const int head = head0 + tid / 64 + 4 * i;
+    v[i] = head < p.heads ? __ldg(reinterpret_cast<const uint4*>(q + head * p.q_sh + unit * 8)) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i)
+    st_shared16(smem_u32(smem + OFF_Q + (unit / 8) * CHUNK_BYTES) + swizzled(tid / 64 + 4 * i, unit % 8), v[i]);
+  fence_proxy_async();  // wgmma reads q
+  if (tid < 128) named_sync(5, 256);
+  else asm volatile("barrier.arrive 5, 256;" ::: "memory");
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
@@ -427,10 +457,10 @@ __device__ __forceinline__ void release_stage(uint8_t* smem, int stage) {
   for (int r = 0; r < CL; ++r) bar_arrive_cluster(CL == 1 ? bar : peer_addr(bar, r));
 }
 
-// P.V for one half of Dv (`half`: dims 256 half ..) from P buffer `pb` (hi then lo) and stage `stage`.
-__device__ __forceinline__ void pv(float* acc, uint8_t* smem, int pb, int stage, int half) {
+// Warpgroup 1's P.V for Dv[256:512] from P buffer `pb` (hi then lo) and stage `stage`.
+__device__ __forceinline__ void pv_from_shared(float* acc, uint8_t* smem, int pb, int stage) {
   const uint32_t p_hi = smem_u32(smem + OFF_P + pb * 2 * P_BYTES);
-  const uint32_t v = smem_u32(smem + OFF_K + stage * TILE_BYTES + half * 4 * CHUNK_BYTES);
+  const uint32_t v = smem_u32(smem + OFF_K + stage * TILE_BYTES + 4 * CHUNK_BYTES);
   wgmma_fence();
 #pragma unroll
   for (int part = 0; part < 2; ++part)
@@ -438,6 +468,22 @@ __device__ __forceinline__ void pv(float* acc, uint8_t* smem, int pb, int stage,
     for (int kk = 0; kk < 4; ++kk)
       wgmma_m64n256k16_b_mn_major(acc, descriptor(p_hi + part * P_BYTES + kk * 32, 16, 1024),
                                   descriptor(v + kk * 2048, 8192, 1024), 1);
+  wgmma_commit();
+  wgmma_wait0();
+}
+
+// Warpgroup 0's P.V for Dv[0:256] with P (hi then lo) from registers: a[4 kk ..] are keys
+// 16 kk .. 16 kk + 15 in wgmma's A layout, which is the layout of QK^T's accumulator.
+__device__ __forceinline__ void pv_from_registers(float* acc, const uint32_t* p_hi, const uint32_t* p_lo,
+                                                  uint8_t* smem, int stage) {
+  const uint32_t v = smem_u32(smem + OFF_K + stage * TILE_BYTES);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_a_regs_b_mn_major(acc, p_hi + 4 * kk, descriptor(v + kk * 2048, 8192, 1024), 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_a_regs_b_mn_major(acc, p_lo + 4 * kk, descriptor(v + kk * 2048, 8192, 1024), 1);
   wgmma_commit();
   wgmma_wait0();
 }
@@ -454,6 +500,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
   const uint32_t q = smem_u32(smem + OFF_Q);
   const float* bias_s = reinterpret_cast<const float*>(smem + OFF_BIAS);
   float* alpha_s = reinterpret_cast<float*>(smem + OFF_ALPHA);
+  trace_cta(p, CTA_TILES);
   for (int i = 0; i < n_tiles; ++i) {
     const int stage = i % STAGES, pb = i % 2;
     bar_wait(smem_u32(smem + OFF_BAR + (BAR_READY + stage) * 8), (i / STAGES) & 1);
@@ -488,7 +535,9 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     }
     // P as bf16 hi + lo into buffer pb, once warpgroup 1 is done with it (tile i - 2).
     bar_wait(smem_u32(smem + OFF_BAR + (BAR_PFREE + pb) * 8), ((i / 2) & 1) ^ 1);
+    // Also kept in registers for our own P.V: (j, h) is register 2 j + h of wgmma's A layout.
     uint8_t* p_hi = smem + OFF_P + pb * 2 * P_BYTES;
+    uint32_t a_hi[16], a_lo[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -497,10 +546,11 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
         sum[h] += x0 + x1;
         const __nv_bfloat162 hi = __floats2bfloat162_rn(x0, x1);
         const float2 hf = __bfloat1622float2(hi);
-        const uint32_t lo = pack_bf16(x0 - hf.x, x1 - hf.y);
+        a_hi[2 * j + h] = *reinterpret_cast<const uint32_t*>(&hi);
+        a_lo[2 * j + h] = pack_bf16(x0 - hf.x, x1 - hf.y);
         const uint32_t at = swizzled(r0 + 8 * h, j) + 4 * quad;
-        *reinterpret_cast<__nv_bfloat162*>(p_hi + at) = hi;
-        *reinterpret_cast<uint32_t*>(p_hi + P_BYTES + at) = lo;
+        *reinterpret_cast<uint32_t*>(p_hi + at) = a_hi[2 * j + h];
+        *reinterpret_cast<uint32_t*>(p_hi + P_BYTES + at) = a_lo[2 * j + h];
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -508,7 +558,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       if (quad == 0) alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h];
     }
     fence_proxy_async();
-    named_sync(1, 128);  // all of P written (wgmma reads it next)
+    named_sync(1, 128);  // all of P written (warpgroup 1's wgmma reads it)
     if (tid == 0) {
       bar_arrive_local(smem_u32(smem + OFF_BAR + (BAR_PFULL + pb) * 8));
       trace(p, i, 2);
@@ -518,13 +568,14 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       acc[4 * j] *= alpha[0], acc[4 * j + 1] *= alpha[0];
       acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
     }
-    pv(acc, smem, pb, stage, 0);
+    pv_from_registers(acc, a_hi, a_lo, smem, stage);
     named_sync(1, 128);
     if (tid == 0) {
       release_stage<CL>(smem, stage);
       trace(p, i, 3);
     }
   }
+  trace_cta(p, CTA_TILES_DONE);
   // The sink joins the denominator once; the max is taken with it first so it cannot overflow.
   float* final_s = reinterpret_cast<float*>(smem + OFF_FINAL);
   float rescale[2], denominator[2];
@@ -560,6 +611,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     for (int j = 0; j < 32; ++j)
       *reinterpret_cast<uint32_t*>(o + 8 * j + 2 * quad) = pack_bf16(acc[4 * j + 2 * h] * f, acc[4 * j + 2 * h + 1] * f);
   }
+  trace_cta(p, CTA_STORED);
 }
 
 template <int CL>
@@ -582,7 +634,7 @@ __device__ void second_half_warpgroup(const Params& p, uint8_t* smem, int b, int
       acc[4 * j] *= a0, acc[4 * j + 1] *= a0;
       acc[4 * j + 2] *= a1, acc[4 * j + 3] *= a1;
     }
-    pv(acc, smem, pb, stage, 1);
+    pv_from_shared(acc, smem, pb, stage);
     named_sync(3, 128);
     if (tid == 0) {
       bar_arrive_local(smem_u32(smem + OFF_BAR + (BAR_PFREE + pb) * 8));
@@ -611,7 +663,7 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
   const int row = blockIdx.y, b = row / p.T, t = row % p.T;
   const int head0 = blockIdx.x * ROWS;
   const uint32_t rank = CL == 1 ? 0 : cluster_rank();
-  trace_cta(p, false);
+  trace_cta(p, CTA_START);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -624,16 +676,6 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // q (this CTA's 64 heads; rows past Hq are zeros) into shared memory, 16 bytes a thread.
-  const __nv_bfloat16* q = p.q + b * p.q_sb + t * p.q_st;
-  for (int u = threadIdx.x; u < ROWS * 64; u += THREADS) {
-    const int r = u / 64, unit = u % 64, head = head0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (head < p.heads) v = *reinterpret_cast<const uint4*>(q + head * p.q_sh + unit * 8);
-    *reinterpret_cast<uint4*>(smem + OFF_Q + (unit / 8) * CHUNK_BYTES + swizzled(r, unit % 8)) = v;
-  }
-  fence_proxy_async();
-  __syncthreads();
   if (CL > 1) cluster_sync(); else __syncthreads();  // barriers initialised before any peer uses them
 
   int n_tiles = 0;
@@ -645,13 +687,15 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
     producer<CL>(p, smem, b, t, rank);
   } else if (warpgroup == 0) {
     regs_inc<240>();
+    load_q(p, smem, b, t, head0);
     softmax_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
   } else {  // keeps the 168 registers of the launch: the producer's release pays for warpgroup 0's 240
+    load_q(p, smem, b, t, head0);
     second_half_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
   }
   // No CTA leaves while its peer may still store into its memory or arrive on its barriers.
   if (CL > 1) cluster_sync();
-  trace_cta(p, true);
+  trace_cta(p, CTA_END);
 }
 
 #ifndef FMHA_KERNEL_ONLY
@@ -727,6 +771,8 @@ void sparse_decode(torch::Tensor q, torch::Tensor o, torch::Tensor lse, c10::opt
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sparse_decode", &sparse_decode, "fmha's DSV4 sparse decode (sm_90a)");
   m.attr("smem_bytes") = SMEM_BYTES;
+  m.attr("trace_events") = TRACE_EVENTS;
+  m.attr("trace_cta") = TRACE_CTA;
 }
 #else
 template __global__ void sparse_decode_kernel<1>(const __grid_constant__ Params);
