@@ -150,7 +150,7 @@ RACECHECK_LINES = {  # a record's source line -> the code that must still be on 
     "sparse_decode.cu:524": "const float bias = bias_s[stage * KEYS",
     "sparse_decode.cu:558": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
     "sparse_decode.cu:631": "const float a0 = alpha_s[pb * ROWS + r0]",
-    "sparse_decode.cu:598": "final_s[r0 + 8 * h] = rescale[h]",
+    "sparse_decode.cu:597": "final_s[r0 + 8 * h] = rescale[h]",
     "sparse_decode.cu:598": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
     "sparse_decode.cu:651": "const float f = final_s[row] / final_s[ROWS + row]",
 }
@@ -185,7 +185,7 @@ _CUDA_HANDOFFS = (
      "the tile's rescale factors: warpgroup 0 stores them, passes barrier.sync 1, 128, one thread arrives on the P "
      "buffer's full mbarrier, which warpgroup 1 waits for before it loads them; warpgroup 1 frees the buffer the "
      "same way (barrier.sync 3, 128, then an arrive) before warpgroup 0 stores into it two tiles later"),
-    ("sparse_decode.cu:651", ("sparse_decode.cu:598", "sparse_decode.cu:598"),
+    ("sparse_decode.cu:651", ("sparse_decode.cu:597", "sparse_decode.cu:598"),
      "the rows' final rescale and denominator: warpgroup 0 stores them, then both consumer warpgroups pass "
      "barrier.sync 2, 256 before warpgroup 1 loads them"),
 )

@@ -3,6 +3,7 @@ runs every named case behind a marker line, and each report the tool prints is a
 finding in the case before it, with the kernel's source line and the rerun command. (On an
 H200 the real tool's memcheck found vLLM's read past its block table: BENCHMARKS.md.)"""
 
+import ast
 import os
 import re
 import stat
@@ -156,6 +157,11 @@ def test_every_racecheck_record_names_lines_that_still_hold_its_code():
     for record in (r for r in ledger.LEDGER if r.test == "sanitize:racecheck"):
         for place in re.findall(r"\w+\.(?:py|cu):\d+", record.case):
             assert place in ledger.RACECHECK_LINES, f"{record.case}: {place} has no entry in ledger.RACECHECK_LINES"
+    # A repeated key in the literal would keep only its last code: the first line would go unchecked.
+    literal = next(node.value for node in ast.walk(ast.parse(Path(ledger.__file__).read_text()))
+                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "RACECHECK_LINES")
+    keys = [key.value for key in literal.keys]
+    assert len(keys) == len(set(keys)), f"ledger.RACECHECK_LINES names a line twice: {sorted(keys)}"
     for place, code in ledger.RACECHECK_LINES.items():
         file, line = place.split(":")
         held = next(kernels.rglob(file)).read_text().splitlines()[int(line) - 1]
