@@ -27,7 +27,7 @@ def _gap(r: dict) -> float:
 
 
 def why_below(r: dict, gate: float) -> str:
-    """Why a run that returned an answer is not at the gate."""
+    """Why a run that returned an answer is not at the gate ("" when it is: the gate's rule)."""
     why = [f"{r[k]} {what} output elements" for k, what in (("nonfinite", "NaN or inf"), ("unwritten", "unwritten"))
            if r.get(k)]
     if r["cos"] < gate:

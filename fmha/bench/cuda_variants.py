@@ -22,9 +22,6 @@ import subprocess
 import sys
 import tempfile
 
-KERNEL_PATH = "fmha/kernels/cuda/sparse_decode.cu"
-
-
 def revision_source(rev: str, directory: str) -> str:
     """The kernel (and its header) at git revision `rev` of the checkout the package runs from,
     written into `directory`; its path."""
@@ -32,8 +29,8 @@ def revision_source(rev: str, directory: str) -> str:
 
     os.makedirs(directory, exist_ok=True)
     for name in ("sparse_decode.cu", "wgmma.cuh"):
-        shown = subprocess.run(["git", "show", f"{rev}:{os.path.dirname(KERNEL_PATH)}/{name}"],
-                               cwd=cuda_sparse.SOURCE_DIR, capture_output=True, text=True)
+        shown = subprocess.run(["git", "show", f"{rev}:./{name}"], cwd=cuda_sparse.SOURCE_DIR,
+                               capture_output=True, text=True)
         if shown.returncode:
             raise SystemExit(f"--rev {rev}: git show {name} failed: {shown.stderr.strip()}")
         with open(os.path.join(directory, name), "w") as f:
@@ -95,11 +92,13 @@ def main(argv=None) -> int:
     columns = variants(args.rev, args.source, not args.without_kernel)
     jobs = [(extension_name(name, path), path) for name, path in columns.items()]
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:  # nvcc takes a minute a build
-        failed = dict(zip(columns, pool.map(_build, jobs)))
-    for name, why in failed.items():
-        if why:
-            print(f"{name}: build failed: {why}", file=sys.stderr)
-    built = {name: cuda_sparse.build(ext, path) for (name, why), (ext, path) in zip(failed.items(), jobs) if not why}
+        errors = pool.map(_build, jobs)
+    built = {}
+    for name, (extension, path), error in zip(columns, jobs, errors):
+        if error:
+            print(f"{name}: build failed: {error}", file=sys.stderr)
+        else:  # built: this loads torch's cached build
+            built[name] = cuda_sparse.build(extension, path)
     if not built:
         return 1
     _table(built, args.shapes)
@@ -112,6 +111,7 @@ def _table(built: dict, shape_filter: list[str]) -> None:
 
     from fmha.bench import sparse
     from fmha.bench.dense import time_us
+    from fmha.kernels import cuda_sparse
 
     try:
         import flash_mla  # noqa: F401 -- its column, where it is installed
@@ -129,11 +129,11 @@ def _table(built: dict, shape_filter: list[str]) -> None:
         cells, first = [], None
         for module in built.values():
             o = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=torch.bfloat16, device="cuda")
-            lse = torch.empty(p.batch, p.heads_q, p.q_len, dtype=torch.float32, device="cuda")
 
-            def run(module=module, o=o, lse=lse):
-                module.sparse_decode(x["q"], o, lse, x["sink"], x["k_cache"], x["indices"], None, 1,
-                                     x["extra_k_cache"], x["extra_indices"], None, 1, p.head_dim**-0.5, None)
+            def run(module=module, o=o):
+                return cuda_sparse.attend(p, x["q"], x["k_cache"], x["k_cache"], sink=x["sink"], out=o,
+                                          indices=x["indices"], extra_k_cache=x["extra_k_cache"],
+                                          extra_indices=x["extra_indices"], extension=lambda: module)
             run()
             torch.cuda.synchronize()
             first = o.clone() if first is None else first
