@@ -40,8 +40,9 @@ MUTANTS = (
         isolate="hang"),
     Mutant(
         "cuda-sparse-subnormals-flushed", "",
-        "e4m3 codes with exponent bits 0 (subnormals) decoded as 0 on the exact path",
+        "e4m3 codes with exponent bits 0 (subnormals) decoded as 0: their bf16 bits flushed before the scale",
         lambda: patched_cuda_sparse_kernel("cuda-sparse-subnormals-flushed", (
-            "  if ((byte & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);\n",
-            "  if ((byte & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);\n  if ((byte & 0x78) == 0) return 0.f;\n"))),
+            "  return ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);\n",
+            "  const uint32_t v = ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);\n"
+            "  return v & __vcmpne2(v & 0x7F807F80u, 0);\n"))),
 )

@@ -146,13 +146,13 @@ RACECHECK_LINES = {  # a record's source line -> the code that must still be on 
     "gluon_dense.py:306": "gl.warp_specialize(",
     "gluon_sparse.py:341": "def _sparse_fwd(",
     "gluon_sparse.py:393": "gl.warp_specialize(",
-    "sparse_decode.cu:294": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
-    "sparse_decode.cu:524": "const float bias = bias_s[stage * KEYS",
-    "sparse_decode.cu:558": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
-    "sparse_decode.cu:631": "const float a0 = alpha_s[pb * ROWS + r0]",
-    "sparse_decode.cu:597": "final_s[r0 + 8 * h] = rescale[h]",
-    "sparse_decode.cu:598": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
-    "sparse_decode.cu:651": "const float f = final_s[row] / final_s[ROWS + row]",
+    "sparse_decode.cu:296": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
+    "sparse_decode.cu:561": "const float bias = bias_s[stage * KEYS",
+    "sparse_decode.cu:595": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
+    "sparse_decode.cu:660": "const float a0 = alpha_s[pb * ROWS + r0]",
+    "sparse_decode.cu:634": "final_s[r0 + 8 * h] = rescale[h]",
+    "sparse_decode.cu:635": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
+    "sparse_decode.cu:678": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
 }
 _RACES = (  # (first access, the other) -> why
     *((f"{read} <-> gluon_dense.py:142", "the tile's rescale alpha (a_s): " + _HANDOFF)
@@ -172,30 +172,30 @@ LEDGER += tuple(
     for kernel in ("fmha", "gluon", "gluon-sparse") for pair, reason in _RACES)
 
 
-# The same tool on fmha's CUDA sparse-decode kernel: 56 reports over the lone-CTA kernel's named
+# The same tool on fmha's CUDA sparse-decode kernel: 86 reports over the kernel's named
 # cases, all on three hand-offs between warpgroups, at these source lines (the extension is built
 # with -lineinfo, so compute-sanitizer names them). Either order of a pair.
 _CUDA_HANDOFFS = (
-    ("sparse_decode.cu:294", ("sparse_decode.cu:524",),
+    ("sparse_decode.cu:296", ("sparse_decode.cu:561",),
      "the tile's 0 / -inf key row: warpgroup 0 loads it for tile i, passes barrier.sync 1, 128, and one thread "
      "arrives (release) on the stage's free mbarrier, whose completion the producer waits for (acquire) before it "
      "stores tile i + 2's row into the same stage; its own stores reach warpgroup 0 through barrier.sync 4, 128 and "
      "one thread's arrive on the ready mbarrier"),
-    ("sparse_decode.cu:631", ("sparse_decode.cu:558",),
+    ("sparse_decode.cu:660", ("sparse_decode.cu:595",),
      "the tile's rescale factors: warpgroup 0 stores them, passes barrier.sync 1, 128, one thread arrives on the P "
      "buffer's full mbarrier, which warpgroup 1 waits for before it loads them; warpgroup 1 frees the buffer the "
      "same way (barrier.sync 3, 128, then an arrive) before warpgroup 0 stores into it two tiles later"),
-    ("sparse_decode.cu:651", ("sparse_decode.cu:597", "sparse_decode.cu:598"),
+    ("sparse_decode.cu:678", ("sparse_decode.cu:634", "sparse_decode.cu:635"),
      "the rows' final rescale and denominator: warpgroup 0 stores them, then both consumer warpgroups pass "
      "barrier.sync 2, 256 before warpgroup 1 loads them"),
 )
 LEDGER += tuple(
     KnownFailure("cuda-sparse", "sanitize:racecheck", f"{why}. The named barrier (and the arrive after it) orders the accesses under the PTX memory model; racecheck does not model it",
                  "fmha issue 32", devices=("cuda",), case=pair,
-                 evidence="python -m fmha.ci.sanitize --fmha-kernel cuda-sparse --tool racecheck: 56 reports (14 at the "
-                          "producer's store of the row, 28 at warpgroup 1's loads of the rescale factors, 14 at its "
-                          "loads of the final factors), each naming these two lines (an H200, torch 2.11, 2026-12-04); "
-                          "memcheck and synccheck 0 (2026-12-03)")
+                 evidence="python -m fmha.ci.sanitize --fmha-kernel cuda-sparse --tool memcheck --tool synccheck "
+                          "--tool racecheck: racecheck 86 reports (13 at the producer's store of the row, 28 at "
+                          "warpgroup 1's loads of the rescale factors, 45 at its loads of the final factors), each "
+                          "naming these two lines; memcheck and synccheck 0 (an H200, torch 2.11, 2026-12-04)")
     for first, others, why in _CUDA_HANDOFFS for other in others
     for pair in (f"{first} <-> {other}", f"{other} <-> {first}"))
 

@@ -53,3 +53,16 @@ def test_cuda_variants_assembles_each_column_from_its_own_source(tmp_path):
     assert len(names) == 3 and cuda_variants.extension_name("edited", str(edited)) in names
     with pytest.raises(SystemExit, match="NAME=PATH"):
         cuda_variants.variants([], ["no-path-given"], with_kernel=False)
+
+
+@pytest.mark.parametrize("only", (["fmha", "fmha, CUDA", "FlashMLA"], ["fmha, CUDA", "FlashMLA"]))
+def test_the_ratio_columns_are_about_fmha_or_the_one_fmha_kernel_run(only, monkeypatch):
+    """`--only "fmha, CUDA" --only FlashMLA` divides that kernel's time, not an empty fmha column."""
+    times = {"fmha": 50.0, "fmha, CUDA": 40.0, "FlashMLA": 20.0}
+    monkeypatch.setattr(bench, "time_us", lambda fn: fn())
+    contenders = {name: (lambda p, *x, t=times[name]: lambda: t) for name in only}
+    table = bench.Table(["shape", "floor", *only, "a", "b"])
+    bench._rows({"s": None}, contenders, lambda p: (), lambda p: 10.0, table)
+    mine = only[0]
+    assert bench.ours(contenders) == mine
+    assert table.rows[0][-2:] == [f"{times[mine] / 10:.2f}x", f"{times[mine] / 20:.2f}x"], table.rows

@@ -82,9 +82,10 @@ def _every_e4m3_code_page(scale_code: int) -> torch.Tensor:
     return _one_key_page(cache_layouts.DSV4_FP8, codes.to(torch.uint8), scales, torch.Generator().manual_seed(scale_code))
 
 
-# 2^-127 (code 0), subnormal products, the fast path's edges (7, 239), 1, and 2^118 (code 245):
-# the largest scale at which every e4m3 value stays finite in bf16 (a key with inf or NaN makes every score NaN).
-SCALE_CODES = (0, 1, 6, 7, 8, 20, 100, 127, 134, 200, 239, 240, 245)
+# 2^-127 (code 0), subnormal products, 1, the last scale of one multiply (134) and the first of two
+# (135), and 2^118 (code 245): the largest scale at which every e4m3 value stays finite in bf16 (a
+# key with inf or NaN makes every score NaN).
+SCALE_CODES = (0, 1, 6, 7, 8, 20, 100, 127, 134, 135, 200, 239, 240, 245)
 
 
 @GPU

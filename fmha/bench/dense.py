@@ -154,8 +154,15 @@ def _ratio(ours: str, other) -> str:
         return "—"
 
 
+def ours(contenders) -> str:
+    """The contender the ratio columns are about: fmha.attention, else the first of fmha's kernels
+    run (`--only "fmha, CUDA"`)."""
+    return next((c for c in contenders if c == "fmha"), next((c for c in contenders if c.startswith("fmha")), "fmha"))
+
+
 def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table) -> None:
     """Time every contender on every shape into `table` (a contender that fails gets its error)."""
+    mine = ours(contenders)
     for shape_name, problem in shapes.items():
         floor = floor_us(problem)
         inputs = make_inputs(problem)
@@ -166,9 +173,9 @@ def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table) -
             except Exception as e:  # no kernel for this shape, out of resources, ...
                 cells[name] = f"— ({type(e).__name__}: {str(e).splitlines()[0][:60]})" if str(e) else "—"
             torch.cuda.empty_cache()
-        ratios = [_ratio(cells.get("fmha", "—"), floor)]
+        ratios = [_ratio(cells.get(mine, "—"), floor)]
         if PEER in contenders:
-            ratios.append(_ratio(cells.get("fmha", "—"), cells[PEER]))
+            ratios.append(_ratio(cells.get(mine, "—"), cells[PEER]))
         table.add(shape_name, f"{floor:.1f}", *cells.values(), *ratios)
         print(f"{shape_name}: {', '.join(f'{c} {v}' for c, v in cells.items())}", file=sys.stderr, flush=True)
         del inputs
@@ -198,8 +205,9 @@ def main(argv=None) -> int:
         shapes, every, make_inputs = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}, CONTENDERS, inputs
         work = flops, bytes_moved
     contenders = {k: v for k, v in every.items() if not args.only or k in args.only}
-    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), "ours / floor",
-                   *([f"ours / {PEER}"] if PEER in contenders else [])])
+    mine = ours(contenders)
+    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), f"{mine} / floor",
+                   *([f"{mine} / {PEER}"] if PEER in contenders else [])])
     _rows(shapes, contenders, make_inputs,
           lambda p: max(work[0](p) / rate, work[1](p) / bandwidth) * 1e6, table)
     print(table.markdown())

@@ -9,19 +9,21 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   the peer's mbarrier); a stage is free once both consumer warpgroups of both CTAs arrive on it
   (remote arrives). So a key is read and dequantized once for 128 heads
   (fmha.kernels.gluon_sparse: once per 64).
-- Dequantization is integer work: an e4m3 code's bits moved into a bf16's, the ue8m0 scale
-  added to the exponent field (one add for two values); zeros, subnormals, NaN codes and
-  scales far from 1 take an exact fp32 path. e2m1 codes go through two 8-entry byte tables
-  (`prmt`) and one bf16x2 multiply by the scale.
+- Dequantization is bit work without a per-code path: an e4m3 code's bits moved into a bf16's
+  are its value times 2^-120 (zeros and subnormals too), and one bf16x2 multiply by 2^(scale - 7)
+  scales two values, exactly (two multiplies for scales above 134; NaN codes ORed in from a
+  byte mask). e2m1 codes go through two 8-entry byte tables (`prmt`) and one bf16x2 multiply by
+  the scale. The producer has the next piece's bytes in flight while it dequantizes this one.
 - Warpgroup 0: QK^T (wgmma m64n64k16, q and keys from shared memory), the online softmax,
   P as bf16 hi + lo (the gate's precision: P rounded to bf16 alone is FlashMLA's 0.9999979),
   P.V for Dv[0:256] with P from its registers; warpgroup 1: P.V for Dv[256:512] (m64n256k16,
   the key tile read as V, P from shared memory); warpgroup 2: the producer. Two key stages, two
-  P buffers. Both consumer warpgroups load q while the producer gathers the first tiles.
+  P buffers. Both consumer warpgroups load q while the producer gathers the first tiles, and
+  stage o in shared memory for the bulk copy engine to store, 512 contiguous bytes a head.
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
-configs, but 2.0-2.1x FlashMLA's time (the producer is the bottleneck: its per-word branch
-between the integer and the exact e4m3 path costs a fifth of the kernel), so fmha.attention
+configs, but 1.50-1.56x FlashMLA's time (warpgroup 0 is the bottleneck: QK^T, the softmax and
+its P.V run one after the other, and the softmax leaves the tensor cores idle), so fmha.attention
 runs the Gluon kernel first; `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
@@ -123,7 +125,7 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, indices, topk_l
     cover) in one launch of `extension()`'s kernel: (o (B, T, Hq, 512) in q's dtype, lse (B, Hq, T)
     float32)."""
     B, T, HQ, _ = q.shape
-    o = out if out is not None and _aligned(out, 2, 4) else torch.empty(B, T, HQ, 512, dtype=q.dtype, device=q.device)
+    o = out if out is not None and _aligned(out, 8, 16) else torch.empty(B, T, HQ, 512, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, HQ, T, dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))

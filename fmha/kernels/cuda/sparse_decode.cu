@@ -185,39 +185,41 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // ---- dequantization -------------------------------------------------------------------------
 
-// 2^(code - 127) as a float (ue8m0; 0xFF is NaN). Code 0 is 2^-127, a subnormal.
-__device__ __forceinline__ float ue8m0(uint32_t code) {
-  return code == 0xFF ? __uint_as_float(0x7FC00000u) : code == 0 ? __uint_as_float(0x00400000u)
-                                                                 : __uint_as_float(code << 23);
+// 2^(scale - 7) as a bf16x2 multiplier (both halves) for e4m3_bits' values, which are the codes'
+// values times 2^-120. Above scale 134 the exponent field would pass 254: then the value is
+// multiplied by 2^127 first (exact: an e4m3 value times 2^7) and by 2^(scale - 134) second, so
+// it is rounded once either way. Scale 0xFF is NaN.
+struct E4m3Scale {
+  uint32_t first, second;
+  bool twice;
+};
+
+__device__ __forceinline__ E4m3Scale e4m3_scale(uint32_t scale) {
+  const bool twice = scale > 134 && scale != 0xFF;
+  const uint32_t first = scale == 0xFF ? 0x7FC0u : twice ? 0x7F00u : (scale + 120) << 7;
+  return {first * 0x10001u, ((scale - 7) << 7) * 0x10001u, twice};
 }
 
-// One e4m3 code times 2^(scale - 127), exactly, through fp32 (subnormals, zeros, NaN codes and
-// scales outside the fast path's range).
-__device__ __forceinline__ float e4m3_scaled(uint32_t byte, uint32_t scale) {
-  if ((byte & 0x7F) == 0x7F) return __uint_as_float(0x7FC00000u);
-  // The code's bits placed as an fp32's exponent and mantissa are its value times 2^-120.
-  float v = __uint_as_float(((byte & 0x7F) << 20) | ((byte & 0x80) << 24)) * 1.329227995784916e+36f;  // 2^120
-  return v * ue8m0(scale);
+// Two e4m3 codes (bytes 1 and 3 of x) as bf16x2: the code's exponent and mantissa bits placed
+// as a bf16's low exponent and high mantissa bits are its value times 2^-120, normals and
+// subnormals (as bf16 subnormals) alike, so no code needs a path of its own.
+__device__ __forceinline__ uint32_t e4m3_bits(uint32_t x) {
+  return ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);
 }
 
-// Four e4m3 codes (a word, low byte first) times 2^(scale - 127) as two bf16x2 words.
-// The fast path folds the scale into the exponent with one integer add: a normal code's
-// exponent and mantissa bits shifted into a bf16's are its value times 2^-120, so adding
-// (scale - 7) to the exponent field gives the scaled value, exactly, while the field stays in
-// [1, 254]. Codes with a zero exponent (zero, subnormals), NaN codes and scales outside
-// [7, 239] go through e4m3_scaled.
-__device__ __forceinline__ void e4m3x4(uint32_t w, uint32_t scale, uint32_t& lo, uint32_t& hi) {
-  const uint32_t exps = w & 0x78787878u, mags = w & 0x7F7F7F7Fu;
-  const bool fast = (((exps + 0x78787878u) & ~(mags + 0x01010101u) & 0x80808080u) == 0x80808080u) &&
-                    scale >= 7 && scale <= 239;
-  if (fast) {
-    const uint32_t bias = ((scale - 7) << 7) * 0x10001u;
-    const uint32_t x0 = __byte_perm(w, 0, 0x1404), x1 = __byte_perm(w, 0, 0x3424);  // bytes 1 and 3
-    lo = (((x0 >> 4) & 0x07F007F0u) + bias) | (x0 & 0x80008000u);
-    hi = (((x1 >> 4) & 0x07F007F0u) + bias) | (x1 & 0x80008000u);
-  } else {
-    lo = pack_bf16(e4m3_scaled(w & 0xFF, scale), e4m3_scaled((w >> 8) & 0xFF, scale));
-    hi = pack_bf16(e4m3_scaled((w >> 16) & 0xFF, scale), e4m3_scaled(w >> 24, scale));
+// Four e4m3 codes (a word, low byte first) times 2^(scale - 127) as two bf16x2 words, exactly
+// (rounded once where the product leaves bf16's range), one path for every code but the NaN
+// codes (0x7F, 0xFF), which a rare branch ORs in from a per-byte mask. (__byte_perm keeps 3 bits of
+// each selector nibble, so the mask's bytes are spread by plain copies, not prmt's sign mode.)
+__device__ __forceinline__ void e4m3x4(uint32_t w, const E4m3Scale& s, uint32_t& lo, uint32_t& hi) {
+  lo = bf16x2_mul(e4m3_bits(__byte_perm(w, 0, 0x1404)), s.first);
+  hi = bf16x2_mul(e4m3_bits(__byte_perm(w, 0, 0x3424)), s.first);
+  if (s.twice) lo = bf16x2_mul(lo, s.second), hi = bf16x2_mul(hi, s.second);
+  const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+  if (nan) {
+    const uint32_t mask = (nan >> 7) * 0xFFu;
+    lo |= __byte_perm(mask, 0, 0x1100) & 0x7FC07FC0u;
+    hi |= __byte_perm(mask, 0, 0x3322) & 0x7FC07FC0u;
   }
 }
 
@@ -301,7 +303,7 @@ __device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key
   if (layout == FP8) {
 #pragma unroll
     for (int g = 0; g < 7; ++g) {
-      const uint32_t scale = ((g < 4 ? k.scales.x >> (8 * g) : k.scales.y >> (8 * (g - 4)))) & 0xFF;
+      const E4m3Scale scale = e4m3_scale((g < 4 ? k.scales.x >> (8 * g) : k.scales.y >> (8 * (g - 4))) & 0xFF);
       uint4 a, b;
       e4m3x4(k.data[g].x, scale, a.x, a.y);
       e4m3x4(k.data[g].y, scale, a.z, a.w);
@@ -380,13 +382,18 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
     const int j = (tile - (second ? tiles0 : 0)) * KEYS + half_of(piece) * 32 + key_in_half;
     return j < (second ? n1 : n0) ? sc.indices[b * sc.idx_sb + t * sc.idx_st + j * sc.idx_sk] : -1;
   };
-  int slot = pieces > 0 ? slot_of(0) : -1;
+  auto scope_of_piece = [&](int piece) -> const Scope& { return p.scope[piece / HALVES >= tiles0]; };
+  // Software-pipelined one piece deep: piece + 1's bytes (and piece + 2's slot) are in flight
+  // while this piece waits for its stage and is dequantized.
+  int slot = pieces > 1 ? slot_of(1) : -1;
+  KeyBytes next = load_key(scope_of_piece(0), pieces > 0 ? slot_of(0) : -1, sub);
   for (int piece = 0; piece < pieces; ++piece) {
     const int tile = piece / HALVES, stage = tile % STAGES;
-    const Scope& sc = p.scope[tile >= tiles0];
+    const Scope& sc = scope_of_piece(piece);
     if (tid == 0 && piece % HALVES == 0) trace(p, tile, 8);
-    const KeyBytes bytes = load_key(sc, slot, sub);
-    slot = piece + 1 < pieces ? slot_of(piece + 1) : -1;  // in flight with this piece's bytes
+    const KeyBytes bytes = next;
+    if (piece + 1 < pieces) next = load_key(scope_of_piece(piece + 1), slot, sub);
+    slot = piece + 2 < pieces ? slot_of(piece + 2) : -1;
     if (piece % HALVES == 0) {  // both CTAs' consumers are done with the stage (the peer's too: we copy into it)
       bar_wait(free_bar + stage * 8, ((tile / STAGES) & 1) ^ 1);
       if (tid == 0) trace(p, tile, 6);
@@ -447,6 +454,36 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
   return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
+// A row of o staged in shared memory: 512 bf16 and 16 bytes of padding, so that the 8 rows a
+// warp stores at once fall on distinct banks.
+constexpr int O_ROW = DIM * 2 + 16;
+static_assert(OFF_Q + ROWS * O_ROW <= OFF_K + TILE_BYTES, "o's staging overruns the first key stage");
+
+// A consumer warpgroup's 64 x 256 part of o (columns col0 ..), rows scaled by f, staged in shared
+// memory (q's and the first stage's, unused once every tile is done) and written by the bulk copy
+// engine, 512 contiguous bytes a head.
+__device__ __forceinline__ void store_o(const Params& p, uint8_t* smem, const float* acc, const float* f, int b,
+                                        int t, int head0, int col0, int tid, int barrier) {
+  const int warp = tid / 32, lane = tid % 32, r0 = warp * 16 + lane / 4, quad = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint8_t* row = smem + OFF_Q + (r0 + 8 * h) * O_ROW + col0 * 2;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<uint32_t*>(row + (8 * j + 2 * quad) * 2) = pack_bf16(acc[4 * j + 2 * h] * f[h], acc[4 * j + 2 * h + 1] * f[h]);
+  }
+  fence_proxy_async();
+  named_sync(barrier, 128);
+  if (tid == 0) {
+    for (int r = 0; r < ROWS && head0 + r < p.heads; ++r) {
+      const __nv_bfloat16* dst = p.o + b * p.o_sb + t * p.o_st + (head0 + r) * p.o_sh + col0;
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 512;"
+                   ::"l"(dst), "r"(smem_u32(smem + OFF_Q + r * O_ROW + col0 * 2)) : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;" ::: "memory");
+  }
 }
 
 // Both consumer warpgroups free a stage in every CTA of the cluster (its producer writes into both).
@@ -601,23 +638,15 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     }
   }
   named_sync(2, 256);  // final_s to warpgroup 1
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int head = head0 + r0 + 8 * h;
-    if (head >= p.heads) continue;
-    const float f = rescale[h] / denominator[h];
-    __nv_bfloat16* o = p.o + b * p.o_sb + t * p.o_st + head * p.o_sh;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<uint32_t*>(o + 8 * j + 2 * quad) = pack_bf16(acc[4 * j + 2 * h] * f, acc[4 * j + 2 * h + 1] * f);
-  }
+  const float f[2] = {rescale[0] / denominator[0], rescale[1] / denominator[1]};
+  store_o(p, smem, acc, f, b, t, head0, 0, tid, 1);
   trace_cta(p, CTA_STORED);
 }
 
 template <int CL>
 __device__ void second_half_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles) {
   const int tid = threadIdx.x - 128, warp = tid / 32, lane = tid % 32;
-  const int r0 = warp * 16 + lane / 4, quad = lane % 4;
+  const int r0 = warp * 16 + lane / 4;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -644,16 +673,10 @@ __device__ void second_half_warpgroup(const Params& p, uint8_t* smem, int b, int
   }
   named_sync(2, 256);
   const float* final_s = reinterpret_cast<const float*>(smem + OFF_FINAL);
+  float f[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = r0 + 8 * h, head = head0 + row;
-    if (head >= p.heads) continue;
-    const float f = final_s[row] / final_s[ROWS + row];
-    __nv_bfloat16* o = p.o + b * p.o_sb + t * p.o_st + head * p.o_sh + 256;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<uint32_t*>(o + 8 * j + 2 * quad) = pack_bf16(acc[4 * j + 2 * h] * f, acc[4 * j + 2 * h + 1] * f);
-  }
+  for (int h = 0; h < 2; ++h) f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h];
+  store_o(p, smem, acc, f, b, t, head0, 256, tid, 3);
 }
 
 template <int CL>
@@ -683,13 +706,13 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 2) {
-    regs_dec<96>();
+    regs_dec<136>();  // two keys' bytes: the one being stored and the next, in flight
     producer<CL>(p, smem, b, t, rank);
   } else if (warpgroup == 0) {
-    regs_inc<240>();
+    regs_inc<200>();
     load_q(p, smem, b, t, head0);
     softmax_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
-  } else {  // keeps the 168 registers of the launch: the producer's release pays for warpgroup 0's 240
+  } else {  // keeps the launch's 168: 200 + 168 + 136 = 3 x 168
     load_q(p, smem, b, t, head0);
     second_half_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
   }
@@ -741,6 +764,10 @@ void sparse_decode(torch::Tensor q, torch::Tensor o, torch::Tensor lse, c10::opt
                    c10::optional<torch::Tensor> extra_topk_len, int64_t extra_layout, double qk_scale,
                    c10::optional<torch::Tensor> trace) {
   TORCH_CHECK(q.stride(3) == 1 && o.stride(3) == 1, "q, o: the head dim must be contiguous");
+  // o's rows are written by the bulk copy engine, 16 bytes aligned.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(o.data_ptr()) % 16 == 0 && o.stride(0) % 8 == 0 && o.stride(1) % 8 == 0 &&
+                  o.stride(2) % 8 == 0,
+              "o: expected a 16-byte aligned base and strides of multiples of 8 elements, got ", o.strides());
   const c10::cuda::CUDAGuard guard(q.device());
   Params p{};
   p.q = reinterpret_cast<const __nv_bfloat16*>(q.data_ptr<at::BFloat16>());
