@@ -46,6 +46,12 @@ constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024;  // + the 1024-byte alig
 static_assert(SMEM_BYTES <= 232448, "more shared memory than a block may have on sm_90 (227 KiB)");
 
 constexpr int THREADS = 384;
+// Registers a thread, by warpgroup (setmaxnreg): the launch gives each 65536 / 384 rounded down
+// to 8, 168; warpgroup 0 takes 200 (its accumulator, QK^T's and P's hi + lo), the producer
+// gives back to 136 (two keys' bytes: the one being stored and the next, in flight), warpgroup 1
+// keeps 168. More than the launch's in all and setmaxnreg.inc waits forever.
+constexpr int REGS_LAUNCH = 168, REGS_SOFTMAX = 200, REGS_PRODUCER = 136;
+static_assert(REGS_SOFTMAX + REGS_LAUNCH + REGS_PRODUCER <= 3 * REGS_LAUNCH, "setmaxnreg: more registers than launched");
 constexpr int TRACE_EVENTS = 11;  // per tile (Params::trace); fmha/bench/sparse_trace.py names them
 constexpr int TRACE_CTA = 6;      // per CTA
 constexpr float LOG2E = 1.4426950408889634f;
@@ -706,13 +712,13 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 2) {
-    regs_dec<136>();  // two keys' bytes: the one being stored and the next, in flight
+    regs_dec<REGS_PRODUCER>();
     producer<CL>(p, smem, b, t, rank);
   } else if (warpgroup == 0) {
-    regs_inc<200>();
+    regs_inc<REGS_SOFTMAX>();
     load_q(p, smem, b, t, head0);
     softmax_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
-  } else {  // keeps the launch's 168: 200 + 168 + 136 = 3 x 168
+  } else {  // keeps the launch's REGS_LAUNCH
     load_q(p, smem, b, t, head0);
     second_half_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
   }
