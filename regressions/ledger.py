@@ -149,10 +149,10 @@ RACECHECK_LINES = {  # a record's source line -> the code that must still be on 
     "sparse_decode.cu:302": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
     "sparse_decode.cu:567": "const float bias = bias_s[stage * KEYS",
     "sparse_decode.cu:601": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
-    "sparse_decode.cu:666": "const float a0 = alpha_s[pb * ROWS + r0]",
+    "sparse_decode.cu:671": "const float a0 = alpha_s[pb * ROWS + r0]",
     "sparse_decode.cu:640": "final_s[r0 + 8 * h] = rescale[h]",
     "sparse_decode.cu:641": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
-    "sparse_decode.cu:684": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
+    "sparse_decode.cu:689": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
 }
 _RACES = (  # (first access, the other) -> why
     *((f"{read} <-> gluon_dense.py:142", "the tile's rescale alpha (a_s): " + _HANDOFF)
@@ -181,11 +181,11 @@ _CUDA_HANDOFFS = (
      "arrives (release) on the stage's free mbarrier, whose completion the producer waits for (acquire) before it "
      "stores tile i + 2's row into the same stage; its own stores reach warpgroup 0 through barrier.sync 4, 128 and "
      "one thread's arrive on the ready mbarrier"),
-    ("sparse_decode.cu:666", ("sparse_decode.cu:601",),
+    ("sparse_decode.cu:671", ("sparse_decode.cu:601",),
      "the tile's rescale factors: warpgroup 0 stores them, passes barrier.sync 1, 128, one thread arrives on the P "
      "buffer's full mbarrier, which warpgroup 1 waits for before it loads them; warpgroup 1 frees the buffer the "
      "same way (barrier.sync 3, 128, then an arrive) before warpgroup 0 stores into it two tiles later"),
-    ("sparse_decode.cu:684", ("sparse_decode.cu:640", "sparse_decode.cu:641"),
+    ("sparse_decode.cu:689", ("sparse_decode.cu:640", "sparse_decode.cu:641"),
      "the rows' final rescale and denominator: warpgroup 0 stores them, then both consumer warpgroups pass "
      "barrier.sync 2, 256 before warpgroup 1 loads them"),
 )

@@ -643,6 +643,11 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
         p.lse[b * p.l_sb + head * p.l_sh + t * p.l_st] = empty ? -INFINITY : (m[h] + log2f(l[h])) * LN2;
     }
   }
+  // o's staging reaches into the first key stage. In a 2-CTA cluster our bulk copy of a tile out
+  // of that stage may still be reading it after our own consumers are done: the stage's last
+  // free phase (both CTAs' consumers done with it, so the peer has every byte we copied) orders
+  // it. Warpgroup 1 stages after the barrier below.
+  if (n_tiles > 0) bar_wait(smem_u32(smem + OFF_BAR + BAR_FREE * 8), ((n_tiles - 1) / STAGES) & 1);
   named_sync(2, 256);  // final_s to warpgroup 1
   const float f[2] = {rescale[0] / denominator[0], rescale[1] / denominator[1]};
   store_o(p, smem, acc, f, b, t, head0, 0, tid, 1);
