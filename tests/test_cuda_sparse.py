@@ -171,6 +171,7 @@ def test_the_kernel_passes_the_cluster_cases(case, cuda_hopper):
 
 
 @GPU
+@pytest.mark.starts_first  # nvcc builds its mutant first (60-90 s on the H200 machine)
 def test_a_peer_copying_into_the_wrong_half_is_caught(cuda_hopper):
     mutant = MUTANT["cuda-sparse-peer-wrong-half"]
     failures = {case.id: check_case(mutant.kernel(), case, cuda_hopper) for case in CLUSTER_CASES}
@@ -178,6 +179,7 @@ def test_a_peer_copying_into_the_wrong_half_is_caught(cuda_hopper):
 
 
 @GPU
+@pytest.mark.starts_first  # nvcc builds its mutant first (60-90 s on the H200 machine)
 def test_a_miscounted_peer_barrier_hangs_and_is_caught_in_bounded_time(cuda_hopper):
     """The ready barrier never completes: the case runs in a child that is killed after its
     timeout (the mutant is built here first, so the timeout bounds the kernel, not nvcc)."""
@@ -189,6 +191,7 @@ def test_a_miscounted_peer_barrier_hangs_and_is_caught_in_bounded_time(cuda_hopp
 
 
 @GPU
+@pytest.mark.starts_first  # nvcc builds its mutant first (60-90 s on the H200 machine)
 def test_flushed_subnormals_are_caught_by_the_fp8_law_and_by_every_code(cuda_hopper):
     """The law's draws put subnormal codes beside an outlier in every tile; the code test
     decodes each of them."""
