@@ -127,7 +127,7 @@ def patched_cuda_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelEn
 
     with open(cuda_sparse.SOURCE) as f:
         source = patch_source(f.read(), patches, name, "fmha/kernels/cuda/sparse_decode.cu")
-    extension = f"fmha_mutant_{name.replace('-', '_')}_{_digest(source)}"
+    extension = cuda_sparse.extension_name("mutant", name, source)
     path = _written(f"{extension}.cu", source)
     built = functools.cache(lambda: cuda_sparse.build(extension, path))
     return implemented_by(f"mutant:{name}", functools.partial(cuda_sparse.attend, extension=built),

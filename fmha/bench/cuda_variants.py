@@ -15,12 +15,12 @@ the include path); a revision is built with its own header.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
+
 
 def revision_source(rev: str, directory: str) -> str:
     """The kernel (and its header) at git revision `rev` of the checkout the package runs from,
@@ -54,13 +54,6 @@ def variants(revs: list[str], sources: list[str], with_kernel: bool) -> dict[str
     return found
 
 
-def extension_name(name: str, path: str) -> str:
-    """A torch extension name per source content (torch caches builds by name)."""
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    return f"fmha_variant_{_slug(name)}_{digest}"
-
-
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
@@ -90,7 +83,10 @@ def main(argv=None) -> int:
         print(f"fmha.bench.cuda_variants: {cuda_sparse.availability('cuda')}", file=sys.stderr)
         return 2
     columns = variants(args.rev, args.source, not args.without_kernel)
-    jobs = [(extension_name(name, path), path) for name, path in columns.items()]
+    jobs = []
+    for name, path in columns.items():
+        with open(path) as f:
+            jobs.append((cuda_sparse.extension_name("variant", name, f.read()), path))
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:  # nvcc takes a minute a build
         errors = pool.map(_build, jobs)
     built = {}

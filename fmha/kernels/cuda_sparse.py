@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import shutil
 
@@ -64,6 +65,14 @@ def nvcc() -> str | None:
 
 
 _BUILD_FAILURE: list[str] = []  # why this process's build failed, once it has
+
+
+def extension_name(kind: str, name: str, source_text: str) -> str:
+    """The torch extension name of a build of `source_text` (this kernel's .cu, patched or edited)
+    called `name` of `kind` ("mutant", "variant"): torch caches builds by name, so the name
+    carries a digest of the content, and one build is never served for another."""
+    slug = "".join(c if c.isalnum() else "_" for c in name)
+    return f"fmha_{kind}_{slug}_{hashlib.sha1(source_text.encode()).hexdigest()[:12]}"
 
 
 def build(name: str, source: str = SOURCE):
