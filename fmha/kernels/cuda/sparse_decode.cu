@@ -178,6 +178,14 @@ __device__ __forceinline__ uint32_t swizzled(int row, int unit) {
   return row * 128 + (((unit ^ row) & 7) << 4);
 }
 
+// Four 8x8 bf16 matrices into shared memory: r[m] is this thread's part of matrix m (row lane / 4,
+// columns 2 (lane % 4) and + 1: the layout of a wgmma accumulator's 8 columns); thread `lane` gives
+// the address of row lane % 8 of matrix lane / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t* r) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -295,20 +303,22 @@ __device__ __forceinline__ KeyBytes load_key(const Scope& sc, int slot, int sub)
 
 // Key `key` of the tile (0-63) into this CTA's stage `stage`: 4 threads a key, `sub` (0-3)
 // picks this thread's 16-byte pieces. A key not read is zeros (so that no byte of
-// it, NaN poison included, reaches a sum) with bias -inf.
+// it, NaN poison included, reaches a sum) with bias -inf. PART 0 stores chunks 0-3 (dims 0-255)
+// and the bias, PART 1 chunks 4-7, so that the first can be on its way to the peer.
+template <int PART>
 __device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key, int sub, uint8_t* smem, int stage) {
   const uint32_t tile = smem_u32(smem + OFF_K + stage * TILE_BYTES);
   auto store = [&](uint32_t off, uint4 v) { st_shared16(tile + off, v); };
-  if (sub == 0) reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] = k.read ? 0.f : -INFINITY;
+  if (PART == 0 && sub == 0) reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] = k.read ? 0.f : -INFINITY;
   if (!k.read) {
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < 16; ++u) store((u / 2) * CHUNK_BYTES + swizzled(key, 2 * sub + (u % 2)), zero);
+    for (int u = 8 * PART; u < 8 * PART + 8; ++u) store((u / 2) * CHUNK_BYTES + swizzled(key, 2 * sub + (u % 2)), zero);
     return;
   }
   if (layout == FP8) {
 #pragma unroll
-    for (int g = 0; g < 7; ++g) {
+    for (int g = 4 * PART; g < (PART ? 7 : 4); ++g) {
       const E4m3Scale scale = e4m3_scale((g < 4 ? k.scales.x >> (8 * g) : k.scales.y >> (8 * (g - 4))) & 0xFF);
       uint4 a, b;
       e4m3x4(k.data[g].x, scale, a.x, a.y);
@@ -318,12 +328,13 @@ __device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key
       store(g * CHUNK_BYTES + swizzled(key, 2 * sub), a);
       store(g * CHUNK_BYTES + swizzled(key, 2 * sub + 1), b);
     }
+    if (PART == 1)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[7 + j]);
+      for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[7 + j]);
   } else {
     const uint32_t scale_words[4] = {k.scales.x, k.scales.y, k.scales.z, k.scales.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 2 * PART; j < 2 * PART + 2; ++j) {
       const int tile = sub + 4 * j;  // dims 32 tile .. 32 tile + 31: chunk tile / 2, units 4 (tile % 2) ..
       if (tile < 14) {
         const uint32_t scale2 = ue8m0_bf16x2((scale_words[j] >> (8 * sub)) & 0xFF);  // scale byte `tile`
@@ -337,8 +348,9 @@ __device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key
         }
       }
     }
+    if (PART == 1)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[4 + j]);
+      for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[4 + j]);
   }
 }
 
@@ -389,6 +401,20 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
     return j < (second ? n1 : n0) ? sc.indices[b * sc.idx_sb + t * sc.idx_st + j * sc.idx_sk] : -1;
   };
   auto scope_of_piece = [&](int piece) -> const Scope& { return p.scope[piece / HALVES >= tiles0]; };
+  // Our half of chunks 4 part .. 4 part + 3 of stage `stage` (and with part 0 of the 0 / -inf row)
+  // into the peer's by the bulk copy engine, completing on the peer's ready barrier.
+  auto copy_part_to_peer = [&](int stage, int part) {
+    const uint32_t peer = rank ^ 1, half = rank * 32;
+    const uint32_t tile_at = smem_u32(smem + OFF_K + stage * TILE_BYTES) + half * 128;
+    const uint32_t peer_ready = peer_addr(ready_bar + stage * 8, peer);
+#pragma unroll
+    for (int c = 4 * part; c < 4 * part + 4; ++c)
+      copy_to_peer(peer_addr(tile_at + c * CHUNK_BYTES, peer), tile_at + c * CHUNK_BYTES, 32 * 128, peer_ready);
+    if (part == 0) {
+      const uint32_t bias_at = smem_u32(smem + OFF_BIAS + (stage * KEYS + half) * 4);
+      copy_to_peer(peer_addr(bias_at, peer), bias_at, 32 * 4, peer_ready);
+    }
+  };
   // Software-pipelined one piece deep: piece + 1's bytes (and piece + 2's slot) are in flight
   // while this piece waits for its stage and is dequantized.
   int slot = pieces > 1 ? slot_of(1) : -1;
@@ -404,23 +430,21 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
       bar_wait(free_bar + stage * 8, ((tile / STAGES) & 1) ^ 1);
       if (tid == 0) trace(p, tile, 6);
     }
-    store_key(sc.layout, bytes, half_of(piece) * 32 + key_in_half, sub, smem, stage);
+    const int key = half_of(piece) * 32 + key_in_half;
+    store_key<0>(sc.layout, bytes, key, sub, smem, stage);
+    if (CL == 2) {  // chunks 0-3 travel to the peer while chunks 4-7 are dequantized
+      fence_proxy_async();  // the tile is read by wgmma and the bulk copy engine (the async proxy)
+      named_sync(4, 128);
+      if (tid == 0) copy_part_to_peer(stage, 0);
+    }
+    store_key<1>(sc.layout, bytes, key, sub, smem, stage);
     if (piece % HALVES != HALVES - 1) continue;
     if (tid == 0) trace(p, tile, 9);
-    fence_proxy_async();  // the tile is read by wgmma and the bulk copy engine (the async proxy)
+    fence_proxy_async();
     named_sync(4, 128);
     if (tid == 0) {
       trace(p, tile, 10);
-      if (CL == 2) {
-        const uint32_t peer = rank ^ 1, half = rank * 32;
-        const uint32_t tile_at = smem_u32(smem + OFF_K + stage * TILE_BYTES) + half * 128;
-        const uint32_t bias_at = smem_u32(smem + OFF_BIAS + (stage * KEYS + half) * 4);
-        const uint32_t peer_ready = peer_addr(ready_bar + stage * 8, peer);
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-          copy_to_peer(peer_addr(tile_at + c * CHUNK_BYTES, peer), tile_at + c * CHUNK_BYTES, 32 * 128, peer_ready);
-        copy_to_peer(peer_addr(bias_at, peer), bias_at, 32 * 4, peer_ready);
-      }
+      if (CL == 2) copy_part_to_peer(stage, 1);
       // Our half is written (the barrier above orders the other threads' stores before this
       // release); the peer's half lands as bytes on the same barrier.
       bar_expect_tx(ready_bar + stage * 8, CL == 2 ? PEER_TX : 0);
@@ -482,8 +506,8 @@ __device__ __forceinline__ void store_o(const Params& p, uint8_t* smem, const fl
   }
   fence_proxy_async();
   named_sync(barrier, 128);
-  if (tid == 0) {
-    for (int r = 0; r < ROWS && head0 + r < p.heads; ++r) {
+  if (tid < 32) {
+    for (int r = tid; r < ROWS && head0 + r < p.heads; r += 32) {
       const __nv_bfloat16* dst = p.o + b * p.o_sb + t * p.o_st + (head0 + r) * p.o_sh + col0;
       asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 512;"
                    ::"l"(dst), "r"(smem_u32(smem + OFF_Q + r * O_ROW + col0 * 2)) : "memory");
@@ -516,7 +540,8 @@ __device__ __forceinline__ void pv_from_shared(float* acc, uint8_t* smem, int pb
 }
 
 // Warpgroup 0's P.V for Dv[0:256] with P (hi then lo) from registers: a[4 kk ..] are keys
-// 16 kk .. 16 kk + 15 in wgmma's A layout, which is the layout of QK^T's accumulator.
+// 16 kk .. 16 kk + 15 in wgmma's A layout, which is the layout of QK^T's accumulator. Issued;
+// the caller waits.
 __device__ __forceinline__ void pv_from_registers(float* acc, const uint32_t* p_hi, const uint32_t* p_lo,
                                                   uint8_t* smem, int stage) {
   const uint32_t v = smem_u32(smem + OFF_K + stage * TILE_BYTES);
@@ -528,7 +553,6 @@ __device__ __forceinline__ void pv_from_registers(float* acc, const uint32_t* p_
   for (int kk = 0; kk < 4; ++kk)
     wgmma_m64n256k16_a_regs_b_mn_major(acc, p_lo + 4 * kk, descriptor(v + kk * 2048, 8192, 1024), 1);
   wgmma_commit();
-  wgmma_wait0();
 }
 
 // Row r0 = 16 warp + lane / 4 and r0 + 8 of the warpgroup's 64; columns 8 j + 2 (lane % 4) + {0, 1}.
@@ -543,6 +567,12 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
   const uint32_t q = smem_u32(smem + OFF_Q);
   const float* bias_s = reinterpret_cast<const float*>(smem + OFF_BIAS);
   float* alpha_s = reinterpret_cast<float*>(smem + OFF_ALPHA);
+  float sink_log2[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = head0 + r0 + 8 * h;
+    sink_log2[h] = p.sink ? (head < p.heads ? p.sink[head] * LOG2E : -INFINITY) : 0.f;
+  }
   trace_cta(p, CTA_TILES);
   for (int i = 0; i < n_tiles; ++i) {
     const int stage = i % STAGES, pb = i % 2;
@@ -561,13 +591,14 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     if (tid == 0) trace(p, i, 1);
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
+      const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)[4 * j + quad];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float bias = bias_s[stage * KEYS + 8 * j + 2 * quad + (e & 1)];
-        s[4 * j + e] = s[4 * j + e] * p.qk_scale_log2 + bias;
+        s[4 * j + e] = s[4 * j + e] * p.qk_scale_log2 + (e & 1 ? bias.y : bias.x);
         row_max[e / 2] = fmaxf(row_max[e / 2], s[4 * j + e]);
       }
+    }
     float alpha[2], m_use[2], sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -591,10 +622,14 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
         const float2 hf = __bfloat1622float2(hi);
         a_hi[2 * j + h] = *reinterpret_cast<const uint32_t*>(&hi);
         a_lo[2 * j + h] = pack_bf16(x0 - hf.x, x1 - hf.y);
-        const uint32_t at = swizzled(r0 + 8 * h, j) + 4 * quad;
-        *reinterpret_cast<uint32_t*>(p_hi + at) = a_hi[2 * j + h];
-        *reinterpret_cast<uint32_t*>(p_hi + P_BYTES + at) = a_lo[2 * j + h];
       }
+    // P's 16 8x8 matrices of this warp, (j, h) = (2 q + m / 2, m % 2) in registers 4 q + m.
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t at = smem_u32(p_hi) + swizzled(warp * 16 + 8 * ((lane / 8) % 2) + lane % 8, 2 * q + lane / 16);
+      stmatrix_x4(at, a_hi + 4 * q);
+      stmatrix_x4(at + P_BYTES, a_lo + 4 * q);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       l[h] = l[h] * alpha[h] + quad_sum(sum[h]);
@@ -602,16 +637,19 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     }
     fence_proxy_async();
     named_sync(1, 128);  // all of P written (warpgroup 1's wgmma reads it)
-    if (tid == 0) {
-      bar_arrive_local(smem_u32(smem + OFF_BAR + (BAR_PFULL + pb) * 8));
-      trace(p, i, 2);
-    }
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       acc[4 * j] *= alpha[0], acc[4 * j + 1] *= alpha[0];
       acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
     }
     pv_from_registers(acc, a_hi, a_lo, smem, stage);
+    // Warpgroup 1 is told P is full once our P.V is issued, not before: our wgmmas are queued
+    // ahead of its (8% faster on every bench shape, BENCHMARKS.md).
+    if (tid == 0) {
+      bar_arrive_local(smem_u32(smem + OFF_BAR + (BAR_PFULL + pb) * 8));
+      trace(p, i, 2);
+    }
+    wgmma_wait0();
     named_sync(1, 128);
     if (tid == 0) {
       release_stage<CL>(smem, stage);
@@ -627,7 +665,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     const int head = head0 + r0 + 8 * h;
     rescale[h] = 1.f;
     if (p.sink) {
-      const float sink = head < p.heads ? p.sink[head] * LOG2E : -INFINITY;
+      const float sink = sink_log2[h];
       const float m_final = fmaxf(m[h], sink);
       const float m_safe = m_final == -INFINITY ? 0.f : m_final;
       rescale[h] = exp2f(m[h] - m_safe);
