@@ -6,7 +6,7 @@ producer's first loads.
 
 Columns: the producer's loads issued, its stage free, its first thread's key stored, all its
 keys stored, and its half tile copied to the peer; warpgroup 0's keys ready, QK^T done, P
-written and P.V done; warpgroup 1's P received and P.V done. Then every CTA's span
+written and its P.V issued, P.V done; warpgroup 1's P received and P.V done. Then every CTA's span
 (%globaltimer): how long the CTAs ran, on how many SMs, whether some started only after others
 had ended (a second wave), and its phases: to the first tile, the tiles, the output, the end.
 """

@@ -6,8 +6,8 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
 - A CTA owns 64 query heads of one (request, query row); Hq > 64 runs as a 2-CTA cluster. Per
   64-key tile each CTA gathers and dequantizes 32 keys into its own shared memory, and the bulk
   copy engine copies them into its peer's (`cp.async.bulk.shared::cluster`, completing bytes on
-  the peer's mbarrier); a stage is free once both consumer warpgroups of both CTAs arrive on it
-  (remote arrives). So a key is read and dequantized once for 128 heads
+  the peer's mbarrier), chunks 0-3 (dims 0-255) while chunks 4-7 are dequantized; a stage is
+  free once both consumer warpgroups of both CTAs arrive on it (remote arrives). So a key is read and dequantized once for 128 heads
   (fmha.kernels.gluon_sparse: once per 64).
 - Dequantization is bit work without a per-code path: an e4m3 code's bits moved into a bf16's
   are its value times 2^-120 (zeros and subnormals too), and one bf16x2 multiply by 2^(scale - 7)
@@ -17,14 +17,16 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
 - Warpgroup 0: QK^T (wgmma m64n64k16, q and keys from shared memory), the online softmax,
   P as bf16 hi + lo (the gate's precision: P rounded to bf16 alone is FlashMLA's 0.9999979),
   P.V for Dv[0:256] with P from its registers; warpgroup 1: P.V for Dv[256:512] (m64n256k16,
-  the key tile read as V, P from shared memory); warpgroup 2: the producer. Two key stages, two
+  the key tile read as V, P from shared memory, stored by stmatrix), told P is full once
+  warpgroup 0's P.V is issued; warpgroup 2: the producer. Two key stages, two
   P buffers. Both consumer warpgroups load q while the producer gathers the first tiles, and
   stage o in shared memory for the bulk copy engine to store, 512 contiguous bytes a head.
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
-configs, but 1.50-1.56x FlashMLA's time (warpgroup 0 is the bottleneck: QK^T, the softmax and
-its P.V run one after the other, and the softmax leaves the tensor cores idle), so fmha.attention
-runs the Gluon kernel first; `implementation="cuda"` runs this one.
+configs, 12-18% faster than the Gluon kernel, but 1.28-1.31x FlashMLA's time (warpgroup 0 sets
+the pace: QK^T, the softmax and its P.V run one after the other, and the softmax leaves the
+tensor cores idle). fmha.attention still runs the Gluon kernel first (this one's first call
+builds it with nvcc); `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
 ~/.cache/torch_extensions). Where it cannot build or run, `availability` says why and
