@@ -45,17 +45,13 @@ def variants(revs: list[str], sources: list[str], with_kernel: bool) -> dict[str
 
     found = {"kernel": cuda_sparse.SOURCE} if with_kernel else {}
     for rev in revs:
-        found[rev] = revision_source(rev, os.path.join(tempfile.gettempdir(), f"fmha-variant-{_slug(rev)}"))
+        found[rev] = revision_source(rev, os.path.join(tempfile.gettempdir(), f"fmha-variant-{cuda_sparse.slug(rev)}"))
     for named in sources:
         name, sep, path = named.partition("=")
         if not sep or not os.path.isfile(path):
             raise SystemExit(f"--source: expected NAME=PATH of a .cu file, got {named!r}")
         found[name] = os.path.abspath(path)
     return found
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text)
 
 
 def _build(job: tuple[str, str]) -> str:

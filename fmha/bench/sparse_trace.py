@@ -30,13 +30,14 @@ def main() -> int:
     name, p = next(iter(sparse.SHAPES.items()))
     x = sparse.inputs(p)
     blocks = p.batch * p.q_len * -(-p.heads_q // 64)
-    events, per_cta = cuda_sparse.module().trace_events, cuda_sparse.module().trace_cta
+    extension = cuda_sparse.module()
+    events, per_cta = extension.trace_events, extension.trace_cta
     trace = torch.zeros(64 * events + per_cta * blocks, dtype=torch.int64, device="cuda")
     o = torch.empty(p.batch, p.q_len, p.heads_q, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(p.batch, p.heads_q, p.q_len, dtype=torch.float32, device="cuda")
     for _ in range(3):  # the last run's clocks stay
-        cuda_sparse.module().sparse_decode(x["q"], o, lse, x["sink"], x["k_cache"], x["indices"], None, 1,
-                                           x["extra_k_cache"], x["extra_indices"], None, 1, 512**-0.5, trace)
+        extension.sparse_decode(x["q"], o, lse, x["sink"], x["k_cache"], x["indices"], None, 1,
+                                x["extra_k_cache"], x["extra_indices"], None, 1, 512**-0.5, trace)
     t = trace[:64 * events].view(64, events).cpu()
     tiles = -(-p.kv_len // 64) + -(-p.extra_topk // 64)
     print(f"{name}, {torch.cuda.get_device_name()}: cycles from the producer's first loads")

@@ -7,8 +7,8 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   64-key tile each CTA gathers and dequantizes 32 keys into its own shared memory, and the bulk
   copy engine copies them into its peer's (`cp.async.bulk.shared::cluster`, completing bytes on
   the peer's mbarrier), chunks 0-3 (dims 0-255) while chunks 4-7 are dequantized; a stage is
-  free once both consumer warpgroups of both CTAs arrive on it (remote arrives). So a key is read and dequantized once for 128 heads
-  (fmha.kernels.gluon_sparse: once per 64).
+  free once both consumer warpgroups of both CTAs arrive on it (remote arrives). So a key is
+  read and dequantized once for 128 heads (fmha.kernels.gluon_sparse: once per 64).
 - Dequantization is bit work without a per-code path: an e4m3 code's bits moved into a bf16's
   are its value times 2^-120 (zeros and subnormals too), and one bf16x2 multiply by 2^(scale - 7)
   scales two values, exactly (two multiplies for scales above 134; NaN codes ORed in from a
@@ -69,12 +69,16 @@ def nvcc() -> str | None:
 _BUILD_FAILURE: list[str] = []  # why this process's build failed, once it has
 
 
+def slug(text: str) -> str:
+    """`text` with every character but letters and digits made "_": a name for a file or a build."""
+    return "".join(c if c.isalnum() else "_" for c in text)
+
+
 def extension_name(kind: str, name: str, source_text: str) -> str:
     """The torch extension name of a build of `source_text` (this kernel's .cu, patched or edited)
     called `name` of `kind` ("mutant", "variant"): torch caches builds by name, so the name
     carries a digest of the content, and one build is never served for another."""
-    slug = "".join(c if c.isalnum() else "_" for c in name)
-    return f"fmha_{kind}_{slug}_{hashlib.sha1(source_text.encode()).hexdigest()[:12]}"
+    return f"fmha_{kind}_{slug(name)}_{hashlib.sha1(source_text.encode()).hexdigest()[:12]}"
 
 
 def build(name: str, source: str = SOURCE):

@@ -433,14 +433,14 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
     const int key = half_of(piece) * 32 + key_in_half;
     store_key<0>(sc.layout, bytes, key, sub, smem, stage);
     if (CL == 2) {  // chunks 0-3 travel to the peer while chunks 4-7 are dequantized
-      fence_proxy_async();  // the tile is read by wgmma and the bulk copy engine (the async proxy)
+      fence_proxy_async();
       named_sync(4, 128);
       if (tid == 0) copy_part_to_peer(stage, 0);
     }
     store_key<1>(sc.layout, bytes, key, sub, smem, stage);
     if (piece % HALVES != HALVES - 1) continue;
     if (tid == 0) trace(p, tile, 9);
-    fence_proxy_async();
+    fence_proxy_async();  // the tile is read by wgmma and the bulk copy engine (the async proxy)
     named_sync(4, 128);
     if (tid == 0) {
       trace(p, tile, 10);
