@@ -55,6 +55,17 @@ def test_cuda_variants_assembles_each_column_from_its_own_source(tmp_path):
         cuda_variants.variants([], ["no-path-given"], with_kernel=False)
 
 
+def test_sparse_trace_names_a_missing_source_before_anything_is_built(capsys):
+    """`python -m fmha.bench.sparse_trace --source PATH` traces an edited copy of the kernel; a
+    path that is not a file is the caller's error, said before any build or GPU check."""
+    from fmha.bench import sparse_trace
+
+    with pytest.raises(SystemExit) as exit_:
+        sparse_trace.main(["--source", "/no/such/variant.cu"])
+    assert exit_.value.code == 2
+    assert "--source: expected the path of a .cu file, got '/no/such/variant.cu'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("only", (["fmha", "fmha, CUDA", "FlashMLA"], ["fmha, CUDA", "FlashMLA"]))
 def test_the_ratio_columns_are_about_fmha_or_the_one_fmha_kernel_run(only, monkeypatch):
     """`--only "fmha, CUDA" --only FlashMLA` divides that kernel's time, not an empty fmha column."""

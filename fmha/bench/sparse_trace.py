@@ -3,6 +3,7 @@ of the first CTA's tiles on the first bench shape (fmha.bench.sparse), as cycles
 producer's first loads.
 
     python -m fmha.bench.sparse_trace
+    python -m fmha.bench.sparse_trace --source /tmp/variant.cu   # an edited copy of the kernel
 
 Columns: the producer's loads issued, its stage free, its first thread's key stored, all its
 keys stored, and its half tile copied to the peer; warpgroup 0's keys ready, QK^T done, P
@@ -11,6 +12,8 @@ written and its P.V issued, P.V done; warpgroup 1's P received and P.V done. The
 had ended (a second wave), and its phases: to the first tile, the tiles, the output, the end.
 """
 
+import argparse
+import os
 import sys
 
 import torch
@@ -23,14 +26,23 @@ EVENTS = ("prod_load", "prod_free", "prod_own", "prod_all", "prod_stored", "wg0_
 ORDER = (8, 6, 9, 10, 7, 0, 1, 2, 3, 4, 5)  # the kernel's event numbers, in the columns' order
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", help="an edited copy of the kernel's .cu (as fmha.bench.cuda_variants builds it)")
+    args = parser.parse_args(argv)
+    if args.source and not os.path.isfile(args.source):
+        parser.error(f"--source: expected the path of a .cu file, got {args.source!r}")
     if cuda_sparse.availability("cuda"):
         print(f"fmha.bench.sparse_trace: {cuda_sparse.availability('cuda')}", file=sys.stderr)
         return 2
     name, p = next(iter(sparse.SHAPES.items()))
     x = sparse.inputs(p)
     blocks = p.batch * p.q_len * -(-p.heads_q // 64)
-    extension = cuda_sparse.module()
+    if args.source:
+        with open(args.source) as f:
+            extension = cuda_sparse.build(cuda_sparse.extension_name("trace", args.source, f.read()), args.source)
+    else:
+        extension = cuda_sparse.module()
     events, per_cta = extension.trace_events, extension.trace_cta
     trace = torch.zeros(64 * events + per_cta * blocks, dtype=torch.int64, device="cuda")
     o = torch.empty(p.batch, p.q_len, p.heads_q, 512, dtype=torch.bfloat16, device="cuda")
