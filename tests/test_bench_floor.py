@@ -66,6 +66,26 @@ def test_sparse_trace_names_a_missing_source_before_anything_is_built(capsys):
     assert "--source: expected the path of a .cu file, got '/no/such/variant.cu'" in capsys.readouterr().err
 
 
+def test_sparse_trace_spans_are_taken_between_the_right_events_and_tiles():
+    """The spans `python -m fmha.bench.sparse_trace` prints, on clocks made up so that each span has
+    its own length: a tile every 5,000 cycles, QK^T 1,300, softmax 1,600, P.V 1,800 (so 300 to the
+    next keys), warpgroup 1's P.V 1,100, the producer's stores 700 and its fill 3,000; the first and
+    last tiles (a slow start, a slow end) are left out."""
+    from fmha.bench import sparse_trace
+
+    events = []
+    for i in range(10):
+        ready = 5000 * i + (4000 if i == 0 else 0) + (9000 if i == 9 else 0)
+        tile = [0] * 11
+        tile[0], tile[1], tile[2], tile[3] = ready, ready + 1300, ready + 2900, ready + 4700
+        tile[4], tile[5] = ready + 3000, ready + 4100
+        tile[6], tile[10] = ready - 3000, ready - 2300
+        events.append(tile)
+    got = sparse_trace.spans(events, 10)
+    lengths = (5000, 1300, 1600, 1800, 300, 1100, 700, 3000)
+    assert got == {what: (n, n, n) for what, n in zip(sparse_trace.SPANS, lengths)}
+
+
 @pytest.mark.parametrize("only", (["fmha", "fmha, CUDA", "FlashMLA"], ["fmha, CUDA", "FlashMLA"]))
 def test_the_ratio_columns_are_about_fmha_or_the_one_fmha_kernel_run(only, monkeypatch):
     """`--only "fmha, CUDA" --only FlashMLA` divides that kernel's time, not an empty fmha column."""

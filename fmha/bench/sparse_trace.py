@@ -7,9 +7,11 @@ producer's first loads.
 
 Columns: the producer's loads issued, its stage free, its first thread's key stored, all its
 keys stored, and its half tile copied to the peer; warpgroup 0's keys ready, QK^T done, P
-written and its P.V issued, P.V done; warpgroup 1's P received and P.V done. Then every CTA's span
-(%globaltimer): how long the CTAs ran, on how many SMs, whether some started only after others
-had ended (a second wave), and its phases: to the first tile, the tiles, the output, the end.
+written and its P.V issued, P.V done; warpgroup 1's P received and P.V done. Then the spans
+between them (QK^T, the softmax, the P.V, the fill, a tile) over the tiles in steady state, and
+every CTA's span (%globaltimer): how long the CTAs ran, on how many SMs, whether some started only
+after others had ended (a second wave), and its phases: to the first tile, the tiles, the output,
+the end.
 """
 
 import argparse
@@ -24,6 +26,29 @@ from fmha.kernels import cuda_sparse
 EVENTS = ("prod_load", "prod_free", "prod_own", "prod_all", "prod_stored", "wg0_ready", "wg0_qk", "wg0_p", "wg0_pv",
           "wg1_pfull", "wg1_pv")
 ORDER = (8, 6, 9, 10, 7, 0, 1, 2, 3, 4, 5)  # the kernel's event numbers, in the columns' order
+# Spans between the kernel's events (tile i's, or tile i's to tile i + 1's), in cycles.
+SPANS = {
+    "a tile (its keys ready to the next tile's)": (0, 0, 1),
+    "warpgroup 0: keys ready to QK^T done": (0, 1, 0),
+    "warpgroup 0: QK^T done to P written and its P.V issued (the softmax)": (1, 2, 0),
+    "warpgroup 0: P.V issued to done": (2, 3, 0),
+    "warpgroup 0: P.V done to the next tile's keys ready": (3, 0, 1),
+    "warpgroup 1: P received to its P.V done": (4, 5, 0),
+    "producer: stage free to all its keys stored": (6, 10, 0),
+    "producer: stage free to the tile ready (the fill, the peer's half included)": (6, 0, 0),
+}
+
+
+def spans(events: list[list[int]], tiles: int) -> dict[str, tuple[int, int, int]]:
+    """Median, min and max of each of SPANS over the tiles in steady state (neither the first nor
+    the last tile takes part): `events[i][e]` is tile i's clock at the kernel's event e."""
+    out = {}
+    for what, (a, b, next_tile) in SPANS.items():
+        steady = range(1, tiles - 1 - next_tile) if tiles > 3 else range(tiles - next_tile)
+        values = sorted(events[i + next_tile][b] - events[i][a] for i in steady)
+        if values:
+            out[what] = (values[len(values) // 2], values[0], values[-1])
+    return out
 
 
 def main(argv=None) -> int:
@@ -56,16 +81,19 @@ def main(argv=None) -> int:
     print("tile " + " ".join(f"{e:>11}" for e in EVENTS))
     for i in range(min(tiles, 64)):
         print(f"{i:4d} " + " ".join(f"{int(t[i, e] - t[0, 8]):11d}" for e in ORDER))
-    spans = trace[64 * events:].view(blocks, per_cta).cpu()
-    start, end = spans[:, 0] - spans[:, 0].min(), spans[:, 1] - spans[:, 0].min()
+    print("spans in cycles, the median (min-max) of the tiles but the first and the last:")
+    for what, (median, low, high) in spans(t.tolist(), min(tiles, 64)).items():
+        print(f"  {what}: {median} ({low}-{high})")
+    ctas = trace[64 * events:].view(blocks, per_cta).cpu()
+    start, end = ctas[:, 0] - ctas[:, 0].min(), ctas[:, 1] - ctas[:, 0].min()
     ran = (end - start).double()
-    print(f"{blocks} CTAs on {len(set(spans[:, 2].tolist()))} SMs: all ended {int(end.max()) / 1e3:.1f} us after the "
+    print(f"{blocks} CTAs on {len(set(ctas[:, 2].tolist()))} SMs: all ended {int(end.max()) / 1e3:.1f} us after the "
           f"first start; a CTA ran {ran.median().item() / 1e3:.1f} us (median), {ran.min().item() / 1e3:.1f}-"
           f"{ran.max().item() / 1e3:.1f}; {int((start >= end.min()).sum())} started after the first had ended")
     for what, (a, b) in {"from its start to its first tile (the barriers, the cluster's start, q)": (0, 3),
                          "in its tiles": (3, 4), "from its last tile to its half of o stored": (4, 5),
                          "from then to its end (the cluster's last barrier)": (5, 1)}.items():
-        us = (spans[:, b] - spans[:, a]).double() / 1e3
+        us = (ctas[:, b] - ctas[:, a]).double() / 1e3
         print(f"a CTA's warpgroup 0 {what}: {us.median().item():.1f} us (median), {us.min().item():.1f}-"
               f"{us.max().item():.1f}")
     return 0
