@@ -25,7 +25,7 @@ from fmha.contract.kernel import source_tensors
 from fmha.kernels import cuda_sparse, gluon_dense, gluon_sparse, triton_dense, triton_merge, triton_paged
 
 # In priority order: the first that supports a call runs it.
-# The CUDA sparse kernel comes after the Gluon one although it is 12-18% faster (BENCHMARKS.md, "the
+# The CUDA sparse kernel comes after the Gluon one although it is faster (BENCHMARKS.md, "the
 # CUDA kernel beside FlashMLA"): its first call builds it with nvcc, a minute that fmha.attention
 # does not make a caller wait unasked. `implementation="cuda"` runs it.
 IMPLEMENTATIONS: tuple[KernelEntry, ...] = (gluon_sparse.ENTRY, cuda_sparse.ENTRY, gluon_dense.ENTRY,

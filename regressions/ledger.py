@@ -146,13 +146,13 @@ RACECHECK_LINES = {  # a record's source line -> the code that must still be on 
     "gluon_dense.py:306": "gl.warp_specialize(",
     "gluon_sparse.py:341": "def _sparse_fwd(",
     "gluon_sparse.py:393": "gl.warp_specialize(",
-    "sparse_decode.cu:312": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
-    "sparse_decode.cu:595": "const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)",
-    "sparse_decode.cu:636": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
-    "sparse_decode.cu:709": "const float a0 = alpha_s[pb * ROWS + r0]",
-    "sparse_decode.cu:678": "final_s[r0 + 8 * h] = rescale[h]",
-    "sparse_decode.cu:679": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
-    "sparse_decode.cu:727": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
+    "sparse_decode.cu:316": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
+    "sparse_decode.cu:599": "const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)",
+    "sparse_decode.cu:640": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
+    "sparse_decode.cu:713": "const float a0 = alpha_s[pb * ROWS + r0]",
+    "sparse_decode.cu:682": "final_s[r0 + 8 * h] = rescale[h]",
+    "sparse_decode.cu:683": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
+    "sparse_decode.cu:731": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
 }
 _RACES = (  # (first access, the other) -> why
     *((f"{read} <-> gluon_dense.py:142", "the tile's rescale alpha (a_s): " + _HANDOFF)
@@ -176,16 +176,16 @@ LEDGER += tuple(
 # cases, all on three hand-offs between warpgroups, at these source lines (the extension is built
 # with -lineinfo, so compute-sanitizer names them). Either order of a pair.
 _CUDA_HANDOFFS = (
-    ("sparse_decode.cu:312", ("sparse_decode.cu:595",),
+    ("sparse_decode.cu:316", ("sparse_decode.cu:599",),
      "the tile's 0 / -inf key row: warpgroup 0 loads it for tile i, passes barrier.sync 1, 128, and one thread "
      "arrives (release) on the stage's free mbarrier, whose completion the producer waits for (acquire) before it "
      "stores tile i + 2's row into the same stage; its own stores reach warpgroup 0 through barrier.sync 4, 128 and "
      "one thread's arrive on the ready mbarrier"),
-    ("sparse_decode.cu:709", ("sparse_decode.cu:636",),
+    ("sparse_decode.cu:713", ("sparse_decode.cu:640",),
      "the tile's rescale factors: warpgroup 0 stores them, passes barrier.sync 1, 128, one thread arrives on the P "
      "buffer's full mbarrier, which warpgroup 1 waits for before it loads them; warpgroup 1 frees the buffer the "
      "same way (barrier.sync 3, 128, then an arrive) before warpgroup 0 stores into it two tiles later"),
-    ("sparse_decode.cu:727", ("sparse_decode.cu:678", "sparse_decode.cu:679"),
+    ("sparse_decode.cu:731", ("sparse_decode.cu:682", "sparse_decode.cu:683"),
      "the rows' final rescale and denominator: warpgroup 0 stores them, then both consumer warpgroups pass "
      "barrier.sync 2, 256 before warpgroup 1 loads them"),
 )

@@ -23,9 +23,9 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   stage o in shared memory for the bulk copy engine to store, 512 contiguous bytes a head.
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
-configs, 12-18% faster than the Gluon kernel, but 1.28-1.31x FlashMLA's time (warpgroup 0 sets
-the pace: QK^T, the softmax and its P.V run one after the other, and the softmax leaves the
-tensor cores idle). fmha.attention still runs the Gluon kernel first (this one's first call
+configs, faster than the Gluon kernel, but 1.18-1.24x FlashMLA's time (warpgroup 0 sets the
+pace: QK^T, the softmax and its P.V run one after the other; the P.V's lo half, q's load and o's
+store are the rest of the gap). fmha.attention still runs the Gluon kernel first (this one's first call
 builds it with nvcc); `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under

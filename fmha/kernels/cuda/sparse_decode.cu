@@ -105,7 +105,7 @@ __device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
 }
 
 // Waits for the phase of parity `parity` to complete; acquire at cluster scope, as a peer's
-// bulk-copied bytes and remote arrivals (release.cluster) land on these barriers.
+// bulk-copied bytes and remote arrivals land on these barriers.
 __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"
@@ -118,8 +118,12 @@ __device__ __forceinline__ void bar_arrive_local(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+// A consumer's "done with this stage" to a barrier in any CTA of the cluster. What it orders is
+// our reads (wgmma's, complete at its wait) before the producers' writes, so the default
+// .release.cta semantics suffice, as in CUTLASS's cluster pipelines; .release.cluster made every
+// stage release 7-8% of the kernel's time dearer (BENCHMARKS.md).
 __device__ __forceinline__ void bar_arrive_cluster(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
 }
 
 __device__ __forceinline__ void bar_expect_tx(uint32_t bar, uint32_t bytes) {
