@@ -1,6 +1,6 @@
 """Benchmark fmha's dense attention against the SDPA backends and FlexAttention (GPU only).
 
-    python -m fmha.bench [--quick] [--sparse] [--only CONTENDER ...]
+    python -m fmha.bench [--quick] [--sparse] [--only CONTENDER ...] [--clocks]
 
 Times each kernel on the speed shapes of docs/contract.md and the grid's decode shapes (median of
 CUDA-graph replays, triton.testing.do_bench_cudagraph) and prints it next to the roofline
@@ -12,6 +12,7 @@ where the backend has no GQA) outside the timed region, so only their kernels ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import sys
 
@@ -160,19 +161,29 @@ def ours(contenders) -> str:
     return "fmha" if "fmha" in contenders else next((c for c in contenders if c.startswith("fmha")), "fmha")
 
 
-def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table) -> None:
-    """Time every contender on every shape into `table` (a contender that fails gets its error)."""
+def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table, clock_table: Table | None = None) -> None:
+    """Time every contender on every shape into `table` (a contender that fails gets its error);
+    with `clock_table`, the SM clock and power while each was timed into it."""
+    from fmha.bench import clocks
+
     mine = ours(contenders)
+    device = clocks.device_id(torch.cuda.current_device()) if clock_table is not None else ""
     for shape_name, problem in shapes.items():
         floor = floor_us(problem)
         inputs = make_inputs(problem)
-        cells = {}
+        cells, readings = {}, {}
         for name, make in contenders.items():
+            sampler = clocks.Sampler(device) if clock_table is not None else contextlib.nullcontext()
             try:
-                cells[name] = f"{time_us(make(problem, *inputs)):.1f}"
+                run = make(problem, *inputs)
+                with sampler:
+                    cells[name] = f"{time_us(run):.1f}"
             except Exception as e:  # no kernel for this shape, out of resources, ...
                 cells[name] = f"— ({type(e).__name__}: {str(e).splitlines()[0][:60]})" if str(e) else "—"
+            readings[name] = str(getattr(sampler, "reading", None) or "—")
             torch.cuda.empty_cache()
+        if clock_table is not None:
+            clock_table.add(shape_name, *readings.values())
         ratios = [_ratio(cells.get(mine, "—"), floor)]
         if PEER in contenders:
             ratios.append(_ratio(cells.get(mine, "—"), cells[PEER]))
@@ -188,10 +199,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sparse", action="store_true",
                         help="DeepSeek-V4's sparse decode over FP8 caches instead (fmha.bench.sparse)")
     parser.add_argument("--only", action="append", default=[], help="contenders to run (default: all)")
+    parser.add_argument("--clocks", action="store_true",
+                        help="also the SM clock and power while each contender is timed (nvidia-smi; fmha.bench.clocks)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("fmha.bench needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.clocks:
+        from fmha.bench import clocks
+
+        if clocks.available():
+            parser.error(f"--clocks: {clocks.available()}")
     bandwidth, rate = measure_ceilings()
     print(f"# fmha.bench, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
@@ -208,9 +226,14 @@ def main(argv=None) -> int:
     mine = ours(contenders)
     table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), f"{mine} / floor",
                    *([f"{mine} / {PEER}"] if PEER in contenders else [])])
+    clock_table = Table(["shape", *contenders]) if args.clocks else None
     _rows(shapes, contenders, make_inputs,
-          lambda p: max(work[0](p) / rate, work[1](p) / bandwidth) * 1e6, table)
+          lambda p: max(work[0](p) / rate, work[1](p) / bandwidth) * 1e6, table, clock_table)
     print(table.markdown())
+    if clock_table is not None:
+        print("\n# while each was timed (nvidia-smi every 50 ms): median SM clock, board power, the share of samples"
+              " with a power or thermal limit holding the clock down")
+        print(clock_table.markdown())
     return 0
 
 
