@@ -66,6 +66,33 @@ def test_sparse_trace_names_a_missing_source_before_anything_is_built(capsys):
     assert "--source: expected the path of a .cu file, got '/no/such/variant.cu'" in capsys.readouterr().err
 
 
+def test_sparse_trace_runs_the_shape_asked_for_and_names_one_it_does_not_have(monkeypatch, capsys):
+    """`--shape` picks the first bench shape whose name has the text; text no shape has is the
+    caller's error, with the shapes it could have named."""
+    from fmha.bench import sparse_trace
+
+    with pytest.raises(SystemExit) as exit_:
+        sparse_trace.main(["--shape", "B512"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--shape: expected part of a bench shape's name" in err and "got 'B512'" in err
+    assert all(name in err for name in sparse_bench.SHAPES)
+
+    traced = []
+
+    def inputs(p):  # the trace's first step on the GPU: what shape did it get?
+        traced.append(p)
+        raise RuntimeError("stop before the GPU")
+
+    monkeypatch.setattr(sparse_trace.cuda_sparse, "availability", lambda device: None)
+    monkeypatch.setattr(sparse_trace.sparse, "inputs", inputs)
+    for asked, expected in (([], next(iter(sparse_bench.SHAPES))), (["--shape", "B256 Hq128 T2 top-k 128+1024"],
+                                                                   "DSV4 sparse decode B256 Hq128 T2 top-k 128+1024 FP8")):
+        with pytest.raises(RuntimeError, match="stop before the GPU"):
+            sparse_trace.main(asked)
+        assert traced.pop() == sparse_bench.SHAPES[expected]
+
+
 def test_sparse_trace_spans_are_taken_between_the_right_events_and_tiles():
     """The spans `python -m fmha.bench.sparse_trace` prints, on clocks made up so that each span has
     its own length: a tile every 5,000 cycles, QK^T 1,300, softmax 1,600, P.V 1,800 (so 300 to the

@@ -1,9 +1,10 @@
 """Where fmha.kernels.cuda_sparse's time goes, tile by tile (GPU): clock64() at eleven events of each
-of the first CTA's tiles on the first bench shape (fmha.bench.sparse), as cycles from the
-producer's first loads.
+of the first CTA's tiles on a bench shape (fmha.bench.sparse; the first unless --shape), as cycles
+from the producer's first loads.
 
     python -m fmha.bench.sparse_trace
     python -m fmha.bench.sparse_trace --source /tmp/variant.cu   # an edited copy of the kernel
+    python -m fmha.bench.sparse_trace --shape "B256 Hq128 T2 top-k 128+1024"
 
 Columns: the producer's loads issued, its stage free, its first thread's key stored, all its
 keys stored, and its half tile copied to the peer; warpgroup 0's keys ready, QK^T done, P
@@ -54,13 +55,17 @@ def spans(events: list[list[int]], tiles: int) -> dict[str, tuple[int, int, int]
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", help="an edited copy of the kernel's .cu (as fmha.bench.cuda_variants builds it)")
+    parser.add_argument("--shape", default="", help="the first bench shape whose name has this (default: the first)")
     args = parser.parse_args(argv)
     if args.source and not os.path.isfile(args.source):
         parser.error(f"--source: expected the path of a .cu file, got {args.source!r}")
+    shape = next((item for item in sparse.SHAPES.items() if args.shape in item[0]), None)
+    if shape is None:
+        parser.error(f"--shape: expected part of a bench shape's name ({'; '.join(sparse.SHAPES)}), got {args.shape!r}")
     if cuda_sparse.availability("cuda"):
         print(f"fmha.bench.sparse_trace: {cuda_sparse.availability('cuda')}", file=sys.stderr)
         return 2
-    name, p = next(iter(sparse.SHAPES.items()))
+    name, p = shape
     x = sparse.inputs(p)
     blocks = p.batch * p.q_len * -(-p.heads_q // 64)
     if args.source:
