@@ -30,6 +30,15 @@ def test_a_board_without_power_readings_and_lines_that_are_not_samples():
     assert clocks.parse(["Failed to initialize NVML: Driver/library version mismatch"]) is None
 
 
+def test_nvidia_smi_is_told_the_gpu_by_its_uuid_which_cuda_visible_devices_does_not_renumber(monkeypatch):
+    from types import SimpleNamespace
+
+    props = {0: SimpleNamespace(uuid="58af3e5b-7e0c-1c2d-9f3a-0123456789ab"), 3: SimpleNamespace()}
+    monkeypatch.setattr(bench.torch.cuda, "get_device_properties", props.__getitem__)
+    assert clocks.device_id(0) == "GPU-58af3e5b-7e0c-1c2d-9f3a-0123456789ab"
+    assert clocks.device_id(3) == "3"
+
+
 @pytest.fixture
 def fake_smi(tmp_path, monkeypatch):
     """An nvidia-smi on PATH that records its arguments, prints one idle sample at once and then

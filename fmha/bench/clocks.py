@@ -62,7 +62,9 @@ def device_id(index: int) -> str:
     import torch
 
     uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
-    return f"GPU-{uuid}" if uuid and not uuid.startswith("GPU-") else uuid or str(index)
+    if not uuid:
+        return str(index)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
 def available() -> str | None:
