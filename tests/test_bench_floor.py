@@ -49,7 +49,7 @@ def test_cuda_variants_assembles_each_column_from_its_own_source(tmp_path):
     assert columns["kernel"] == cuda_sparse.SOURCE
     assert open(columns["HEAD"]).read().startswith("// DeepSeek-V4's sparse decode")
     assert sorted(os.listdir(os.path.dirname(columns["HEAD"]))) == ["sparse_decode.cu", "wgmma.cuh"]
-    names = {cuda_sparse.extension_name("variant", name, open(path).read()) for name, path in columns.items()}
+    names = {cuda_sparse.variant_name(name, path) for name, path in columns.items()}
     assert len(names) == 3 and cuda_sparse.extension_name("variant", "edited", edited.read_text()) in names
     with pytest.raises(SystemExit, match="NAME=PATH"):
         cuda_variants.variants([], ["no-path-given"], with_kernel=False)

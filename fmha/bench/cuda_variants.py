@@ -79,10 +79,7 @@ def main(argv=None) -> int:
         print(f"fmha.bench.cuda_variants: {cuda_sparse.availability('cuda')}", file=sys.stderr)
         return 2
     columns = variants(args.rev, args.source, not args.without_kernel)
-    jobs = []
-    for name, path in columns.items():
-        with open(path) as f:
-            jobs.append((cuda_sparse.extension_name("variant", name, f.read()), path))
+    jobs = [(cuda_sparse.variant_name(name, path), path) for name, path in columns.items()]
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:  # nvcc takes a minute a build
         errors = pool.map(_build, jobs)
     built = {}

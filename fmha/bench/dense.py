@@ -173,14 +173,15 @@ def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table, c
         inputs = make_inputs(problem)
         cells, readings = {}, {}
         for name, make in contenders.items():
-            sampler = clocks.Sampler(device) if clock_table is not None else contextlib.nullcontext()
+            sampler = clocks.Sampler(device) if clock_table is not None else None
             try:
                 run = make(problem, *inputs)
-                with sampler:
+                with sampler or contextlib.nullcontext():
                     cells[name] = f"{time_us(run):.1f}"
             except Exception as e:  # no kernel for this shape, out of resources, ...
                 cells[name] = f"— ({type(e).__name__}: {str(e).splitlines()[0][:60]})" if str(e) else "—"
-            readings[name] = str(getattr(sampler, "reading", None) or "—")
+            if sampler:
+                readings[name] = str(sampler.reading or "—")
             torch.cuda.empty_cache()
         if clock_table is not None:
             clock_table.add(shape_name, *readings.values())
@@ -208,8 +209,9 @@ def main(argv=None) -> int:
     if args.clocks:
         from fmha.bench import clocks
 
-        if clocks.available():
-            parser.error(f"--clocks: {clocks.available()}")
+        reason = clocks.available()
+        if reason:
+            parser.error(f"--clocks: {reason}")
     bandwidth, rate = measure_ceilings()
     print(f"# fmha.bench, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {triton.__version__}")

@@ -69,8 +69,7 @@ def main(argv=None) -> int:
     x = sparse.inputs(p)
     blocks = p.batch * p.q_len * -(-p.heads_q // 64)
     if args.source:
-        with open(args.source) as f:
-            extension = cuda_sparse.build(cuda_sparse.extension_name("variant", args.source, f.read()), args.source)
+        extension = cuda_sparse.build(cuda_sparse.variant_name(args.source, args.source), args.source)
     else:
         extension = cuda_sparse.module()
     events, per_cta = extension.trace_events, extension.trace_cta

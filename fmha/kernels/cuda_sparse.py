@@ -24,9 +24,9 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
 configs, faster than the Gluon kernel, but 1.18-1.24x FlashMLA's time (warpgroup 0 sets the
-pace: QK^T, the softmax and its P.V run one after the other; the P.V's lo half, q's load and o's
-store are the rest of the gap). fmha.attention still runs the Gluon kernel first (this one's first call
-builds it with nvcc); `implementation="cuda"` runs this one.
+pace: QK^T, the softmax and its P.V run one after the other; the P.V's lo half, q's load and
+o's store are the rest of the gap). fmha.attention still runs the Gluon kernel first (this
+one's first call builds it with nvcc); `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
 ~/.cache/torch_extensions). Where it cannot build or run, `availability` says why and
@@ -79,6 +79,12 @@ def extension_name(kind: str, name: str, source_text: str) -> str:
     called `name` of `kind` ("mutant", "variant"): torch caches builds by name, so the name
     carries a digest of the content, and one build is never served for another."""
     return f"fmha_{kind}_{slug(name)}_{hashlib.sha1(source_text.encode()).hexdigest()[:12]}"
+
+
+def variant_name(name: str, path: str) -> str:
+    """The extension name of the edited copy of this kernel at `path`, called `name`."""
+    with open(path) as f:
+        return extension_name("variant", name, f.read())
 
 
 def build(name: str, source: str = SOURCE):
