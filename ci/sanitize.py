@@ -121,7 +121,8 @@ def sanitize(kernel, tool: str, device: str, path: str, known) -> tuple[list[Fin
     from fmha.regressions import ledger
 
     child = [sys.executable, "-m", "fmha.ci.sanitize", "--child", kernel.name, "--fmha-device", device]
-    command = [path, "--tool", tool, "--print-limit", "100", *child]
+    # Every report, not the tool's default first 100: an unexplained one past them would go unseen.
+    command = [path, "--tool", tool, "--print-limit", "100000", *child]
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     text = result.stdout + result.stderr

@@ -5,7 +5,8 @@ as an extension of its own. Like the Gluon kernels' mutants they live apart from
 
 What catches each: the cluster cases below through the verdict (a peer's bytes in the wrong
 place), a bounded wait (a barrier that never completes: the case hangs), the contract's FP8 law
-and every e4m3 code through the kernel (subnormals flushed). A mutant's `trap` names the trap of
+and every e4m3 code through the kernel (subnormals flushed; f16 scales unchecked, which only
+codes at scales outside f16's range show). A mutant's `trap` names the trap of
 its kind of bug where the library has one (smem-stride: a shared-memory tile partly stale), else
 it is empty.
 """
@@ -40,9 +41,18 @@ MUTANTS = (
         isolate="hang"),
     Mutant(
         "cuda-sparse-subnormals-flushed", "",
-        "e4m3 codes with exponent bits 0 (subnormals) decoded as 0: their bf16 bits flushed before the scale",
+        "e4m3 codes with exponent bits 0 (subnormals) decoded as 0: their f16 and bf16 bits flushed before the scale",
         lambda: patched_cuda_sparse_kernel("cuda-sparse-subnormals-flushed", (
+            "  if constexpr (F16) return ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u);\n",
+            "  if constexpr (F16) {\n    const uint32_t v = ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u);\n"
+            "    return v & __vcmpne2(v & 0x7C007C00u, 0);\n  }\n"), (
             "  return ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);\n",
             "  const uint32_t v = ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);\n"
             "  return v & __vcmpne2(v & 0x7F807F80u, 0);\n"))),
+    Mutant(
+        "cuda-sparse-f16-scale-unchecked", "",
+        "the f16 pass takes every e4m3 scale as in its range: keys past 2^7 overflow to inf, below 2^-15 lose their "
+        "small codes, and the bf16 pass never runs for them",
+        lambda: patched_cuda_sparse_kernel("cuda-sparse-f16-scale-unchecked", (
+            "    inexact |= scale - 112 > 22;\n", "\n"))),
 )

@@ -55,7 +55,7 @@ def _check_patched_cuda_kernel(tmp_path, old: str, new: str) -> subprocess.Compl
 
 def test_a_cuda_kernel_that_spills_is_reported(tmp_path):
     # The producer's 128 threads held to 24 registers each: a key's bytes no longer fit.
-    run = _check_patched_cuda_kernel(tmp_path, "REGS_PRODUCER = 136;", "REGS_PRODUCER = 24;")
+    run = _check_patched_cuda_kernel(tmp_path, "REGS_PRODUCER = 144,", "REGS_PRODUCER = 24,")
     assert run.returncode == 2 and run.stdout.count("SPILLS") == 2, run.stdout + run.stderr
 
 

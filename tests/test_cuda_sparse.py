@@ -200,5 +200,19 @@ def test_flushed_subnormals_are_caught_by_the_fp8_law_and_by_every_code(cuda_hop
     with pytest.raises(AssertionError, match=mutant.name):
         law.run(cuda_hopper, mutant.kernel(), settings=settings(max_examples=30, derandomize=True, database=None,
                                                                 deadline=None), pinned=False)
-    failure = _decoding_failure(_every_e4m3_code_page(127), cache_layouts.DSV4_FP8, 128, cuda_hopper, mutant.kernel())
-    assert failure is not None, f"{mutant.name} decodes every e4m3 code like the oracle"
+    for scale_code in (127, 245):  # the f16 pass's, the bf16 pass's
+        failure = _decoding_failure(_every_e4m3_code_page(scale_code), cache_layouts.DSV4_FP8, 128, cuda_hopper,
+                                    mutant.kernel())
+        assert failure is not None, f"{mutant.name} decodes every e4m3 code at scale code {scale_code} like the oracle"
+
+
+@GPU
+@pytest.mark.starts_first
+def test_unchecked_f16_scales_are_caught_by_every_code(cuda_hopper):
+    """Codes at scales outside f16's exact range decode wrong in the f16 pass: the check that
+    sends their rows to the bf16 pass is what keeps them right, at both ends."""
+    mutant = MUTANT["cuda-sparse-f16-scale-unchecked"]
+    for scale_code in (100, 135):
+        failure = _decoding_failure(_every_e4m3_code_page(scale_code), cache_layouts.DSV4_FP8, 128, cuda_hopper,
+                                    mutant.kernel())
+        assert failure is not None, f"{mutant.name} decodes every e4m3 code at scale code {scale_code} like the oracle"

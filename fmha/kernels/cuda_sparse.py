@@ -9,13 +9,18 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   the peer's mbarrier), chunks 0-3 (dims 0-255) while chunks 4-7 are dequantized; a stage is
   free once both consumer warpgroups of both CTAs arrive on it (remote arrives). So a key is
   read and dequantized once for 128 heads (fmha.kernels.gluon_sparse: once per 64).
-- Dequantization is bit work without a per-code path: an e4m3 code's bits moved into a bf16's
-  are its value times 2^-120 (zeros and subnormals too), and one bf16x2 multiply by 2^(scale - 7)
-  scales two values, exactly (two multiplies for scales above 134; NaN codes ORed in from a
-  byte mask). e2m1 codes go through two 8-entry byte tables (`prmt`) and one bf16x2 multiply by
-  the scale. The producer has the next piece's bytes in flight while it dequantizes this one.
+- Two passes, the second rare: keys, q and P in f16 first, so that P.V is one wgmma chain at the
+  gate's precision (P's 11 bits; P rounded to bf16 alone is FlashMLA's 0.9999979). f16 holds
+  every dequantized key element exactly for e4m3 scale codes 112-134 and e2m1 104-140 (checked
+  a key at a time), q scaled by a power of two to its range, the rope dims from 2^-17 up. A row
+  with a value outside runs again in bf16, P split into bf16 hi + lo (two P.Vs).
+- Dequantization is bit work without a per-code path: an e4m3 code's bits moved into an f16's
+  (a bf16's) are its value times 2^-8 (2^-120), zeros and subnormals too, and one multiply by
+  2^(scale - 119) (2^(scale - 7)) scales two values, exactly (in bf16 two multiplies for scales
+  above 134; NaN codes ORed in from a byte mask). e2m1 codes go through 8-entry byte tables
+  (`prmt`) and one multiply by the scale. The producer has the next piece's bytes in flight
+  while it dequantizes this one.
 - Warpgroup 0: QK^T (wgmma m64n64k16, q and keys from shared memory), the online softmax,
-  P as bf16 hi + lo (the gate's precision: P rounded to bf16 alone is FlashMLA's 0.9999979),
   P.V for Dv[0:256] with P from its registers; warpgroup 1: P.V for Dv[256:512] (m64n256k16,
   the key tile read as V, P from shared memory, stored by stmatrix), told P is full once
   warpgroup 0's P.V is issued; warpgroup 2: the producer. Two key stages, two
@@ -23,9 +28,9 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   stage o in shared memory for the bulk copy engine to store, 512 contiguous bytes a head.
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
-configs, faster than the Gluon kernel, but 1.18-1.24x FlashMLA's time (warpgroup 0 sets the
-pace: QK^T, the softmax and its P.V run one after the other; the P.V's lo half, q's load and
-o's store are the rest of the gap). fmha.attention still runs the Gluon kernel first (this
+configs, faster than the Gluon kernel, but 1.10-1.19x FlashMLA's time (a tile waits for the
+producer's fill; each CTA's start and end, q in and o out, about 10.5 µs, are not overlapped
+with other CTAs' tiles as FlashMLA's persistent CTAs overlap them). fmha.attention still runs the Gluon kernel first (this
 one's first call builds it with nvcc); `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under

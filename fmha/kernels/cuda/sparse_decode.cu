@@ -8,7 +8,8 @@
 // and has the bulk copy engine copy them into its peer's (completing bytes on the peer's
 // mbarrier), so a key is dequantized once for 128 heads. Warpgroups: 0 = QK^T, online softmax,
 // P.V for Dv[0:256] (P from registers); 1 = P.V for Dv[256:512] (P from shared memory); 2 = gather +
-// dequantize (the producer).
+// dequantize (the producer). Keys, q and P are f16 in a first pass and bf16 in a second that only
+// rows f16 cannot hold run (the comment above the kernel).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -42,16 +43,20 @@ constexpr int OFF_FINAL = OFF_ALPHA + 2 * ROWS * 4;     // [2][ROWS] float: resc
 constexpr int OFF_BAR = OFF_FINAL + 2 * ROWS * 4;       // mbarriers
 constexpr int BAR_READY = 0, BAR_FREE = STAGES, BAR_PFULL = 2 * STAGES, BAR_PFREE = 2 * STAGES + 2;
 constexpr int N_BARS = 2 * STAGES + 4;
-constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024;  // + the 1024-byte alignment of the base
+constexpr int OFF_INEXACT = OFF_BAR + N_BARS * 8;       // the f16 pass's verdict (the kernel's comment)
+constexpr int OFF_QTOP = OFF_INEXACT + 4;               // [8] uint32: q's largest magnitude by consumer warp
+constexpr int SMEM_BYTES = OFF_QTOP + 8 * 4 + 1024;     // + the 1024-byte alignment of the base
 static_assert(SMEM_BYTES <= 232448, "more shared memory than a block may have on sm_90 (227 KiB)");
 
 constexpr int THREADS = 384;
 // Registers a thread, by warpgroup (setmaxnreg): the launch gives each 65536 / 384 rounded down
-// to 8, 168; warpgroup 0 takes 200 (its accumulator, QK^T's and P's hi + lo), the producer
-// gives back to 136 (two keys' bytes: the one being stored and the next, in flight), warpgroup 1
-// keeps 168. More than the launch's in all and setmaxnreg.inc waits forever.
-constexpr int REGS_LAUNCH = 168, REGS_SOFTMAX = 200, REGS_PRODUCER = 136;
-static_assert(REGS_SOFTMAX + REGS_LAUNCH + REGS_PRODUCER <= 3 * REGS_LAUNCH, "setmaxnreg: more registers than launched");
+// to 8, 168; for a pass warpgroup 0 takes 200 (its accumulator, QK^T's and P's), the
+// producer 144 (two keys' bytes: the one being stored and the next, in flight; f16's rope
+// conversion), warpgroup 1 160; each goes back to 168 after it, so that the two passes' code sees
+// the same budget at their seams (ptxas spills where the second pass follows the first without).
+// More than the launch's in all and setmaxnreg.inc waits forever.
+constexpr int REGS_LAUNCH = 168, REGS_SOFTMAX = 200, REGS_PRODUCER = 144, REGS_SECOND = 160;
+static_assert(REGS_SOFTMAX + REGS_SECOND + REGS_PRODUCER <= 3 * REGS_LAUNCH, "setmaxnreg: more registers than launched");
 constexpr int TRACE_EVENTS = 11;  // per tile (Params::trace); fmha/bench/sparse_trace.py names them
 constexpr int TRACE_CTA = 6;      // per CTA
 constexpr float LOG2E = 1.4426950408889634f;
@@ -201,7 +206,45 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The f16 pass met a value f16 does not hold exactly: told to every CTA of the cluster (each
+// reads its own word once the pass is over), so that they run the bf16 pass together.
+template <int CL>
+__device__ __forceinline__ void mark_inexact(uint8_t* smem, uint32_t rank) {
+  const uint32_t word = smem_u32(smem + OFF_INEXACT);
+#pragma unroll
+  for (int r = 0; r < CL; ++r)
+    asm volatile("red.shared::cluster.or.b32 [%0], 1;" ::"r"(CL == 1 ? word : peer_addr(word, r)) : "memory");
+}
+
 // ---- dequantization -------------------------------------------------------------------------
+// Two element types, one per pass (the kernel's comment): f16, which holds every key element and q
+// exactly only inside a range of scales and magnitudes (each function says which, and adds to
+// `inexact` when one falls outside), and bf16, which holds them all.
+
+__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// Two bf16 (a word) times `up` (a power of two) as f16x2: exact from 2^-17 up to below 2^16 (a
+// bf16's 8-bit significand fits f16's), rounded below (an absolute error under 2^-25, which
+// the sums cannot show beside the row's larger values); from 2^16 on (inf and NaN too) a value
+// adds to `inexact`: its f16 is inf or NaN, an exponent field of all ones, which carries into bit 15
+// of its magnitude plus 0x0400.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float up, uint32_t& inexact) {
+  const float lo = __uint_as_float(w << 16) * up, hi = __uint_as_float(w & 0xFFFF0000u) * up;
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  const uint32_t a = d & 0x7FFF7FFFu;
+  inexact |= (a + 0x04000400u) & 0x80008000u;
+  return d;
+}
+
+__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v, float up, uint32_t& inexact) {
+  return make_uint4(bf16x2_to_f16x2(v.x, up, inexact), bf16x2_to_f16x2(v.y, up, inexact),
+                    bf16x2_to_f16x2(v.z, up, inexact), bf16x2_to_f16x2(v.w, up, inexact));
+}
 
 // 2^(scale - 7) as a bf16x2 multiplier (both halves) for e4m3_bits' values, which are the codes'
 // values times 2^-120. Above scale 134 the exponent field would pass 254: then the value is
@@ -212,7 +255,14 @@ struct E4m3Scale {
   bool twice;
 };
 
-__device__ __forceinline__ E4m3Scale e4m3_scale(uint32_t scale) {
+// In f16: 2^(scale - 119), one multiply for e4m3_bits<true>'s values (the codes' values times 2^-8),
+// exact for scales 112 to 134 (2^-15 to 2^7: every code's product is an f16); the others add to `inexact`.
+template <bool F16>
+__device__ __forceinline__ E4m3Scale e4m3_scale(uint32_t scale, uint32_t& inexact) {
+  if constexpr (F16) {
+    inexact |= scale - 112 > 22;
+    return {((scale - 104) << 10) * 0x10001u, 0, false};
+  }
   const bool twice = scale > 134 && scale != 0xFF;
   const uint32_t first = scale == 0xFF ? 0x7FC0u : twice ? 0x7F00u : (scale + 120) << 7;
   return {first * 0x10001u, ((scale - 7) << 7) * 0x10001u, twice};
@@ -220,45 +270,68 @@ __device__ __forceinline__ E4m3Scale e4m3_scale(uint32_t scale) {
 
 // Two e4m3 codes (bytes 1 and 3 of x) as bf16x2: the code's exponent and mantissa bits placed
 // as a bf16's low exponent and high mantissa bits are its value times 2^-120, normals and
-// subnormals (as bf16 subnormals) alike, so no code needs a path of its own.
+// subnormals (as bf16 subnormals) alike, so no code needs a path of its own. In f16's the same
+// bits are the value times 2^-8.
+template <bool F16>
 __device__ __forceinline__ uint32_t e4m3_bits(uint32_t x) {
+  if constexpr (F16) return ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u);
   return ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);
 }
 
-// Four e4m3 codes (a word, low byte first) times 2^(scale - 127) as two bf16x2 words, exactly
-// (rounded once where the product leaves bf16's range), one path for every code but the NaN
-// codes (0x7F, 0xFF), which a rare branch ORs in from a per-byte mask. (__byte_perm keeps 3 bits of
-// each selector nibble, so the mask's bytes are spread by plain copies, not prmt's sign mode.)
+// Four e4m3 codes (a word, low byte first) times 2^(scale - 127) as two bf16x2 (or f16x2) words,
+// exactly (in bf16 rounded once where the product leaves its range), one path for every code but
+// the NaN codes (0x7F, 0xFF), which a rare branch ORs in from a per-byte mask. (__byte_perm keeps 3
+// bits of each selector nibble, so the mask's bytes are spread by plain copies, not prmt's sign mode.)
+template <bool F16>
 __device__ __forceinline__ void e4m3x4(uint32_t w, const E4m3Scale& s, uint32_t& lo, uint32_t& hi) {
-  lo = bf16x2_mul(e4m3_bits(__byte_perm(w, 0, 0x1404)), s.first);
-  hi = bf16x2_mul(e4m3_bits(__byte_perm(w, 0, 0x3424)), s.first);
-  if (s.twice) lo = bf16x2_mul(lo, s.second), hi = bf16x2_mul(hi, s.second);
+  const uint32_t a = e4m3_bits<F16>(__byte_perm(w, 0, 0x1404)), b = e4m3_bits<F16>(__byte_perm(w, 0, 0x3424));
+  if constexpr (F16) {
+    lo = f16x2_mul(a, s.first), hi = f16x2_mul(b, s.first);
+  } else {
+    lo = bf16x2_mul(a, s.first), hi = bf16x2_mul(b, s.first);
+    if (s.twice) lo = bf16x2_mul(lo, s.second), hi = bf16x2_mul(hi, s.second);
+  }
   const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
   if (nan) {
-    const uint32_t mask = (nan >> 7) * 0xFFu;
-    lo |= __byte_perm(mask, 0, 0x1100) & 0x7FC07FC0u;
-    hi |= __byte_perm(mask, 0, 0x3322) & 0x7FC07FC0u;
+    const uint32_t mask = (nan >> 7) * 0xFFu, quiet = F16 ? 0x7E007E00u : 0x7FC07FC0u;
+    lo |= __byte_perm(mask, 0, 0x1100) & quiet;
+    hi |= __byte_perm(mask, 0, 0x3322) & quiet;
   }
 }
 
-// 2^(code - 127) as bf16x2 (both halves), for the FP4 path's multiply.
-__device__ __forceinline__ uint32_t ue8m0_bf16x2(uint32_t code) {
+// 2^(code - 127) (both halves), for the FP4 path's multiply. In f16 exact for codes 104 to 140
+// (every e2m1 value's product is an f16; below 113 the multiplier is an f16 subnormal); the
+// others add to `inexact`.
+template <bool F16>
+__device__ __forceinline__ uint32_t ue8m0_scale2(uint32_t code, uint32_t& inexact) {
+  if constexpr (F16) {
+    inexact |= code - 104 > 36;
+    return (code >= 113 ? (code - 112) << 10 : 1u << ((code - 103) & 31)) * 0x10001u;
+  }
   const uint32_t h = code == 0xFF ? 0x7FC0u : code == 0 ? 0x0040u : code << 7;
   return h * 0x10001u;
 }
 
-// Four e2m1 codes (16 bits, code 0 in the low nibble) times a bf16x2 scale: two bf16x2 words.
-// The magnitudes' bf16 bytes come from two 8-entry tables (prmt), the sign bits are moved in,
-// then one bf16x2 multiply each (exact: a 2-bit significand times a power of two).
+// Four e2m1 codes (16 bits, code 0 in the low nibble) times a scale: two bf16x2 (or f16x2) words.
+// The magnitudes' bytes come from 8-entry tables (prmt), the sign bits are moved in, then one
+// multiply each (exact: a 2-bit significand times a power of two).
+template <bool F16>
 __device__ __forceinline__ void e2m1x4(uint32_t w, uint32_t scale2, uint32_t& lo, uint32_t& hi) {
-  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 in bf16: 0000 3F00 3F80 3FC0 4000 4040 4080 40C0
   const uint32_t sel = w & 0x7777u;
-  const uint32_t high = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
-  const uint32_t low = __byte_perm(0xC0800000u, 0xC0804000u, sel);
   const uint32_t s0 = ((w << 12) & 0x8000u) | ((w << 24) & 0x80000000u);
   const uint32_t s1 = ((w << 4) & 0x8000u) | ((w << 16) & 0x80000000u);
-  lo = bf16x2_mul(__byte_perm(low, high, 0x5140) | s0, scale2);
-  hi = bf16x2_mul(__byte_perm(low, high, 0x7362) | s1, scale2);
+  if constexpr (F16) {
+    // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 in f16: 0000 3800 3C00 3E00 4000 4200 4400 4600 (low bytes 0)
+    const uint32_t high = __byte_perm(0x3E3C3800u, 0x46444240u, sel);
+    lo = f16x2_mul(__byte_perm(high, 0, 0x1404) | s0, scale2);
+    hi = f16x2_mul(__byte_perm(high, 0, 0x3424) | s1, scale2);
+  } else {
+    // in bf16: 0000 3F00 3F80 3FC0 4000 4040 4080 40C0
+    const uint32_t high = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
+    const uint32_t low = __byte_perm(0xC0800000u, 0xC0804000u, sel);
+    lo = bf16x2_mul(__byte_perm(low, high, 0x5140) | s0, scale2);
+    hi = bf16x2_mul(__byte_perm(low, high, 0x7362) | s1, scale2);
+  }
 }
 
 // ---- the producer: gather, dequantize, store into both CTAs ---------------------------------
@@ -305,12 +378,20 @@ __device__ __forceinline__ KeyBytes load_key(const Scope& sc, int slot, int sub)
   return k;
 }
 
-// Key `key` of the tile (0-63) into this CTA's stage `stage`: 4 threads a key, `sub` (0-3)
-// picks this thread's 16-byte pieces. A key not read is zeros (so that no byte of
+// 8 rope dims (bf16 in the cache) as the pass's element type.
+template <bool F16>
+__device__ __forceinline__ uint4 rope(uint4 v, uint32_t& inexact) {
+  if constexpr (F16) return bf16x8_to_f16x8(v, 1.f, inexact);
+  return v;
+}
+
+// Key `key` of the tile (0-63) into this CTA's stage `stage` as bf16 (or f16): 4 threads a key,
+// `sub` (0-3) picks this thread's 16-byte pieces. A key not read is zeros (so that no byte of
 // it, NaN poison included, reaches a sum) with bias -inf. PART 0 stores chunks 0-3 (dims 0-255)
 // and the bias, PART 1 chunks 4-7, so that the first can be on its way to the peer.
-template <int PART>
-__device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key, int sub, uint8_t* smem, int stage) {
+template <int PART, bool F16>
+__device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key, int sub, uint8_t* smem, int stage,
+                                          uint32_t& inexact) {
   const uint32_t tile = smem_u32(smem + OFF_K + stage * TILE_BYTES);
   auto store = [&](uint32_t off, uint4 v) { st_shared16(tile + off, v); };
   if (PART == 0 && sub == 0) reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] = k.read ? 0.f : -INFINITY;
@@ -323,38 +404,39 @@ __device__ __forceinline__ void store_key(int layout, const KeyBytes& k, int key
   if (layout == FP8) {
 #pragma unroll
     for (int g = 4 * PART; g < (PART ? 7 : 4); ++g) {
-      const E4m3Scale scale = e4m3_scale((g < 4 ? k.scales.x >> (8 * g) : k.scales.y >> (8 * (g - 4))) & 0xFF);
+      const E4m3Scale scale =
+          e4m3_scale<F16>((g < 4 ? k.scales.x >> (8 * g) : k.scales.y >> (8 * (g - 4))) & 0xFF, inexact);
       uint4 a, b;
-      e4m3x4(k.data[g].x, scale, a.x, a.y);
-      e4m3x4(k.data[g].y, scale, a.z, a.w);
-      e4m3x4(k.data[g].z, scale, b.x, b.y);
-      e4m3x4(k.data[g].w, scale, b.z, b.w);
+      e4m3x4<F16>(k.data[g].x, scale, a.x, a.y);
+      e4m3x4<F16>(k.data[g].y, scale, a.z, a.w);
+      e4m3x4<F16>(k.data[g].z, scale, b.x, b.y);
+      e4m3x4<F16>(k.data[g].w, scale, b.z, b.w);
       store(g * CHUNK_BYTES + swizzled(key, 2 * sub), a);
       store(g * CHUNK_BYTES + swizzled(key, 2 * sub + 1), b);
     }
     if (PART == 1)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[7 + j]);
+      for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), rope<F16>(k.data[7 + j], inexact));
   } else {
     const uint32_t scale_words[4] = {k.scales.x, k.scales.y, k.scales.z, k.scales.w};
 #pragma unroll
     for (int j = 2 * PART; j < 2 * PART + 2; ++j) {
       const int tile = sub + 4 * j;  // dims 32 tile .. 32 tile + 31: chunk tile / 2, units 4 (tile % 2) ..
       if (tile < 14) {
-        const uint32_t scale2 = ue8m0_bf16x2((scale_words[j] >> (8 * sub)) & 0xFF);  // scale byte `tile`
+        const uint32_t scale2 = ue8m0_scale2<F16>((scale_words[j] >> (8 * sub)) & 0xFF, inexact);  // scale byte `tile`
         const uint32_t words[4] = {k.data[j].x, k.data[j].y, k.data[j].z, k.data[j].w};
 #pragma unroll
         for (int u = 0; u < 4; ++u) {  // 8 codes a word: one 16-byte unit of 8 bf16
           uint4 v;
-          e2m1x4(words[u] & 0xFFFF, scale2, v.x, v.y);
-          e2m1x4(words[u] >> 16, scale2, v.z, v.w);
+          e2m1x4<F16>(words[u] & 0xFFFF, scale2, v.x, v.y);
+          e2m1x4<F16>(words[u] >> 16, scale2, v.z, v.w);
           store((tile / 2) * CHUNK_BYTES + swizzled(key, 4 * (tile % 2) + u), v);
         }
       }
     }
     if (PART == 1)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), k.data[4 + j]);
+      for (int j = 0; j < 2; ++j) store(7 * CHUNK_BYTES + swizzled(key, sub + 4 * j), rope<F16>(k.data[4 + j], inexact));
   }
 }
 
@@ -387,7 +469,7 @@ __device__ __forceinline__ void trace(const Params& p, int tile, int event) {
 // cluster gathers half of each tile (keys 32 rank ..) into its own shared memory, then one thread
 // has the bulk copy engine copy that half into the peer's (8 chunks of 4 KiB and the 0 / -inf
 // row); a lone CTA gathers both halves, one at a time.
-template <int CL>
+template <int CL, bool F16>
 __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t rank) {
   const int tid = threadIdx.x - 256;
   const int key_in_half = tid / 4, sub = tid % 4;
@@ -421,6 +503,7 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
   };
   // Software-pipelined one piece deep: piece + 1's bytes (and piece + 2's slot) are in flight
   // while this piece waits for its stage and is dequantized.
+  uint32_t inexact = 0;
   int slot = pieces > 1 ? slot_of(1) : -1;
   KeyBytes next = load_key(scope_of_piece(0), pieces > 0 ? slot_of(0) : -1, sub);
   for (int piece = 0; piece < pieces; ++piece) {
@@ -435,13 +518,13 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
       if (tid == 0) trace(p, tile, 6);
     }
     const int key = half_of(piece) * 32 + key_in_half;
-    store_key<0>(sc.layout, bytes, key, sub, smem, stage);
+    store_key<0, F16>(sc.layout, bytes, key, sub, smem, stage, inexact);
     if (CL == 2) {  // chunks 0-3 travel to the peer while chunks 4-7 are dequantized
       fence_proxy_async();
       named_sync(4, 128);
       if (tid == 0) copy_part_to_peer(stage, 0);
     }
-    store_key<1>(sc.layout, bytes, key, sub, smem, stage);
+    store_key<1, F16>(sc.layout, bytes, key, sub, smem, stage, inexact);
     if (piece % HALVES != HALVES - 1) continue;
     if (tid == 0) trace(p, tile, 9);
     fence_proxy_async();  // the tile is read by wgmma and the bulk copy engine (the async proxy)
@@ -455,6 +538,7 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
       trace(p, tile, 7);
     }
   }
+  if (inexact) mark_inexact<CL>(smem, rank);
 }
 
 // ---- the consumers --------------------------------------------------------------------------
@@ -462,7 +546,10 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
 // q (this CTA's 64 heads; rows past Hq are zeros) into shared memory by both consumer warpgroups
 // while the producer gathers the first tiles: 16 loads of 16 bytes a thread, all in flight at
 // once, then their stores. Warpgroup 1 (which never reads q) only arrives on the named barrier.
-__device__ __forceinline__ void load_q(const Params& p, uint8_t* smem, int b, int t, int head0) {
+// In f16, q times 2^c, c such that the largest magnitude lands in [2^15, 2^16): the returned
+// 2^-c joins the scores' scale. (q's range is its own, unlike the keys': no scale to trust.)
+template <int CL, bool F16>
+__device__ __forceinline__ float load_q(const Params& p, uint8_t* smem, int b, int t, int head0, uint32_t rank) {
   constexpr int PER_THREAD = ROWS * 64 / 256;
   const int tid = threadIdx.x, unit = tid % 64;
   const __nv_bfloat16* q = p.q + b * p.q_sb + t * p.q_st;
@@ -472,12 +559,31 @@ __device__ __forceinline__ void load_q(const Params& p, uint8_t* smem, int b, in
     const int head = head0 + tid / 64 + 4 * i;
     v[i] = head < p.heads ? __ldg(reinterpret_cast<const uint4*>(q + head * p.q_sh + unit * 8)) : make_uint4(0, 0, 0, 0);
   }
+  float up = 1.f;
+  uint32_t inexact = 0;
+  if (F16) {
+    uint32_t top = 0;  // the largest magnitude's bf16 bits, over the thread, its warp, then both warpgroups
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i)
+      for (uint32_t w : {v[i].x, v[i].y, v[i].z, v[i].w}) top = max(top, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
+    top = __reduce_max_sync(0xFFFFFFFFu, top);
+    uint32_t* tops = reinterpret_cast<uint32_t*>(smem + OFF_QTOP);
+    if (tid % 32 == 0) tops[tid / 32] = top;
+    named_sync(6, 256);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) top = max(top, tops[w]);
+    const int exponent = top >> 7, c = top == 0 ? 0 : min(max(142 - exponent, -100), 100);
+    up = __int_as_float((127 + c) << 23);
+  }
 #pragma unroll
   for (int i = 0; i < PER_THREAD; ++i)
-    st_shared16(smem_u32(smem + OFF_Q + (unit / 8) * CHUNK_BYTES) + swizzled(tid / 64 + 4 * i, unit % 8), v[i]);
+    st_shared16(smem_u32(smem + OFF_Q + (unit / 8) * CHUNK_BYTES) + swizzled(tid / 64 + 4 * i, unit % 8),
+                F16 ? bf16x8_to_f16x8(v[i], up, inexact) : v[i]);
+  if (inexact) mark_inexact<CL>(smem, rank);
   fence_proxy_async();  // wgmma reads q
   if (tid < 128) named_sync(5, 256);
   else asm volatile("barrier.arrive 5, 256;" ::: "memory");
+  return 1.f / up;
 }
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -528,40 +634,45 @@ __device__ __forceinline__ void release_stage(uint8_t* smem, int stage) {
   for (int r = 0; r < CL; ++r) bar_arrive_cluster(CL == 1 ? bar : peer_addr(bar, r));
 }
 
-// Warpgroup 1's P.V for Dv[256:512] from P buffer `pb` (hi then lo) and stage `stage`.
+// Warpgroup 1's P.V for Dv[256:512] from P buffer `pb` (f16, or bf16 hi then lo) and stage `stage`.
+template <bool F16>
 __device__ __forceinline__ void pv_from_shared(float* acc, uint8_t* smem, int pb, int stage) {
   const uint32_t p_hi = smem_u32(smem + OFF_P + pb * 2 * P_BYTES);
   const uint32_t v = smem_u32(smem + OFF_K + stage * TILE_BYTES + 4 * CHUNK_BYTES);
   wgmma_fence();
 #pragma unroll
-  for (int part = 0; part < 2; ++part)
+  for (int part = 0; part < (F16 ? 1 : 2); ++part)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64n256k16_b_mn_major(acc, descriptor(p_hi + part * P_BYTES + kk * 32, 16, 1024),
+      wgmma_m64n256k16_b_mn_major<F16>(acc, descriptor(p_hi + part * P_BYTES + kk * 32, 16, 1024),
                                   descriptor(v + kk * 2048, 8192, 1024), 1);
   wgmma_commit();
   wgmma_wait0();
 }
 
-// Warpgroup 0's P.V for Dv[0:256] with P (hi then lo) from registers: a[4 kk ..] are keys
-// 16 kk .. 16 kk + 15 in wgmma's A layout, which is the layout of QK^T's accumulator. Issued;
-// the caller waits.
-__device__ __forceinline__ void pv_from_registers(float* acc, const uint32_t* p_hi, const uint32_t* p_lo,
-                                                  uint8_t* smem, int stage) {
+// Warpgroup 0's P.V for Dv[0:256] with P (f16, or bf16 hi) from registers: a[4 kk ..] are keys
+// 16 kk .. 16 kk + 15 in wgmma's A layout, which is the layout of QK^T's accumulator; bf16's lo
+// half from shared memory (P buffer `pb`, as warpgroup 1 reads it: its registers would spill).
+// Issued; the caller waits.
+template <bool F16>
+__device__ __forceinline__ void pv_from_registers(float* acc, const uint32_t* p_hi, uint8_t* smem, int pb, int stage) {
   const uint32_t v = smem_u32(smem + OFF_K + stage * TILE_BYTES);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k16_a_regs_b_mn_major(acc, p_hi + 4 * kk, descriptor(v + kk * 2048, 8192, 1024), 1);
+    wgmma_m64n256k16_a_regs_b_mn_major<F16>(acc, p_hi + 4 * kk, descriptor(v + kk * 2048, 8192, 1024), 1);
+  const uint32_t p_lo = smem_u32(smem + OFF_P + pb * 2 * P_BYTES + P_BYTES);
+  if (!F16)
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k16_a_regs_b_mn_major(acc, p_lo + 4 * kk, descriptor(v + kk * 2048, 8192, 1024), 1);
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n256k16_b_mn_major<F16>(acc, descriptor(p_lo + kk * 32, 16, 1024), descriptor(v + kk * 2048, 8192, 1024), 1);
   wgmma_commit();
 }
 
 // Row r0 = 16 warp + lane / 4 and r0 + 8 of the warpgroup's 64; columns 8 j + 2 (lane % 4) + {0, 1}.
-template <int CL>
-__device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles) {
+// q_unit: what a unit of q in shared memory is worth (load_q).
+template <int CL, bool F16>
+__device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles, float q_unit) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int r0 = warp * 16 + lane / 4, quad = lane % 4;
   float acc[128];
@@ -577,6 +688,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     const int head = head0 + r0 + 8 * h;
     sink_log2[h] = p.sink ? (head < p.heads ? p.sink[head] * LOG2E : -INFINITY) : 0.f;
   }
+  const float qk_scale_log2 = p.qk_scale_log2 * q_unit;
   trace_cta(p, CTA_TILES);
   for (int i = 0; i < n_tiles; ++i) {
     const int stage = i % STAGES, pb = i % 2;
@@ -588,7 +700,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 32; ++kk)
-      wgmma_m64n64k16(s, descriptor(q + (kk / 4) * CHUNK_BYTES + (kk % 4) * 32, 16, 1024),
+      wgmma_m64n64k16<F16>(s, descriptor(q + (kk / 4) * CHUNK_BYTES + (kk % 4) * 32, 16, 1024),
                       descriptor(k + (kk / 4) * CHUNK_BYTES + (kk % 4) * 32, 16, 1024), kk > 0);
     wgmma_commit();
     wgmma_wait0();
@@ -599,7 +711,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)[4 * j + quad];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[4 * j + e] = s[4 * j + e] * p.qk_scale_log2 + (e & 1 ? bias.y : bias.x);
+        s[4 * j + e] = s[4 * j + e] * qk_scale_log2 + (e & 1 ? bias.y : bias.x);
         row_max[e / 2] = fmaxf(row_max[e / 2], s[4 * j + e]);
       }
     }
@@ -611,7 +723,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       alpha[h] = fast_exp2(m[h] - m_use[h]);
       m[h] = m_new;
     }
-    // P as bf16 hi + lo into buffer pb, once warpgroup 1 is done with it (tile i - 2).
+    // P as f16 (or bf16 hi + lo) into buffer pb, once warpgroup 1 is done with it (tile i - 2).
     bar_wait(smem_u32(smem + OFF_BAR + (BAR_PFREE + pb) * 8), ((i / 2) & 1) ^ 1);
     // Also kept in registers for our own P.V: (j, h) is register 2 j + h of wgmma's A layout.
     uint8_t* p_hi = smem + OFF_P + pb * 2 * P_BYTES;
@@ -622,17 +734,21 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       for (int h = 0; h < 2; ++h) {
         const float x0 = fast_exp2(s[4 * j + 2 * h] - m_use[h]), x1 = fast_exp2(s[4 * j + 2 * h + 1] - m_use[h]);
         sum[h] += x0 + x1;
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(x0, x1);
-        const float2 hf = __bfloat1622float2(hi);
-        a_hi[2 * j + h] = *reinterpret_cast<const uint32_t*>(&hi);
-        a_lo[2 * j + h] = pack_bf16(x0 - hf.x, x1 - hf.y);
+        if (F16) {
+          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(a_hi[2 * j + h]) : "f"(x1), "f"(x0));
+        } else {
+          const __nv_bfloat162 hi = __floats2bfloat162_rn(x0, x1);
+          const float2 hf = __bfloat1622float2(hi);
+          a_hi[2 * j + h] = *reinterpret_cast<const uint32_t*>(&hi);
+          a_lo[2 * j + h] = pack_bf16(x0 - hf.x, x1 - hf.y);
+        }
       }
     // P's 16 8x8 matrices of this warp, (j, h) = (2 q + m / 2, m % 2) in registers 4 q + m.
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint32_t at = smem_u32(p_hi) + swizzled(warp * 16 + 8 * ((lane / 8) % 2) + lane % 8, 2 * q + lane / 16);
       stmatrix_x4(at, a_hi + 4 * q);
-      stmatrix_x4(at + P_BYTES, a_lo + 4 * q);
+      if (!F16) stmatrix_x4(at + P_BYTES, a_lo + 4 * q);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -646,7 +762,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       acc[4 * j] *= alpha[0], acc[4 * j + 1] *= alpha[0];
       acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
     }
-    pv_from_registers(acc, a_hi, a_lo, smem, stage);
+    pv_from_registers<F16>(acc, a_hi, smem, pb, stage);
     // Warpgroup 1 is told P is full once our P.V is issued, not before: our wgmmas are queued
     // ahead of its (8% faster on every bench shape, BENCHMARKS.md).
     if (tid == 0) {
@@ -696,7 +812,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
   trace_cta(p, CTA_STORED);
 }
 
-template <int CL>
+template <int CL, bool F16>
 __device__ void second_half_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles) {
   const int tid = threadIdx.x - 128, warp = tid / 32, lane = tid % 32;
   const int r0 = warp * 16 + lane / 4;
@@ -716,7 +832,7 @@ __device__ void second_half_warpgroup(const Params& p, uint8_t* smem, int b, int
       acc[4 * j] *= a0, acc[4 * j + 1] *= a0;
       acc[4 * j + 2] *= a1, acc[4 * j + 3] *= a1;
     }
-    pv_from_shared(acc, smem, pb, stage);
+    pv_from_shared<F16>(acc, smem, pb, stage);
     named_sync(3, 128);
     if (tid == 0) {
       bar_arrive_local(smem_u32(smem + OFF_BAR + (BAR_PFREE + pb) * 8));
@@ -732,6 +848,60 @@ __device__ void second_half_warpgroup(const Params& p, uint8_t* smem, int b, int
   store_o(p, smem, acc, f, b, t, head0, 256, tid, 3);
 }
 
+// The mbarriers' first phases (after mbarrier.inval where they were used by an earlier pass).
+template <int CL>
+__device__ __forceinline__ void init_barriers(uint8_t* smem, bool used) {
+  auto init = [&](int bar, uint32_t count) {
+    const uint32_t at = smem_u32(smem + OFF_BAR + bar * 8);
+    if (used) asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(at) : "memory");
+    bar_init(at, count);
+  };
+  for (int s = 0; s < STAGES; ++s) init(BAR_READY + s, 1), init(BAR_FREE + s, 2 * CL);
+  for (int i = 0; i < 2; ++i) init(BAR_PFULL + i, 1), init(BAR_PFREE + i, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// A pass is over: no CTA goes on (to the next pass, or out) while its peer may still store into
+// its memory or arrive on its barriers. Then whether the f16 pass met a value it does not hold
+// (mark_inexact): if so the barriers start over for the bf16 pass.
+template <int CL>
+__device__ __forceinline__ bool bf16_pass_needed(uint8_t* smem) {
+  if (CL > 1) cluster_sync(); else __syncthreads();
+  if (!*reinterpret_cast<volatile uint32_t*>(smem + OFF_INEXACT)) return false;
+  // The f16 pass's o lands before the bf16 pass's (store_o's bulk copies: threads 0-31 of each consumer warpgroup).
+  if (threadIdx.x < 256 && threadIdx.x % 128 < 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  if (threadIdx.x == 0) init_barriers<CL>(smem, true);
+  if (CL > 1) cluster_sync(); else __syncthreads();
+  return true;
+}
+
+template <int CL, bool F16>
+__device__ __forceinline__ void run_pass(const Params& p, uint8_t* smem, int b, int t, int head0, uint32_t rank,
+                                         int n_tiles) {
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 2) {
+    regs_dec<REGS_PRODUCER>();
+    producer<CL, F16>(p, smem, b, t, rank);
+    regs_inc<REGS_LAUNCH>();
+  } else if (warpgroup == 0) {
+    regs_inc<REGS_SOFTMAX>();
+    const float q_unit = load_q<CL, F16>(p, smem, b, t, head0, rank);
+    softmax_warpgroup<CL, F16>(p, smem, b, t, head0, n_tiles, q_unit);
+    regs_dec<REGS_LAUNCH>();
+  } else {
+    regs_dec<REGS_SECOND>();
+    load_q<CL, F16>(p, smem, b, t, head0, rank);
+    second_half_warpgroup<CL, F16>(p, smem, b, t, head0, n_tiles);
+    regs_inc<REGS_LAUNCH>();
+  }
+}
+
+// Two passes, the second rarely run. The first holds keys, q and P as f16: P's 11-bit significand
+// keeps the output at the gate in one P.V (bf16's 8 bits do not: FlashMLA's cosine 0.9999979),
+// and f16 holds every dequantized key element exactly for the scales real caches have (e4m3
+// scale codes 112-134, e2m1 104-140) and q and the rope dims from 2^-17 up to below 2^16. Where
+// a value of the row falls outside, the cluster runs the second pass: bf16, which holds them all,
+// with P split into bf16 hi + lo (two P.Vs).
 template <int CL>
 __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_constant__ Params p) {
   extern __shared__ uint8_t raw_smem[];
@@ -742,35 +912,19 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
   trace_cta(p, CTA_START);
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      bar_init(smem_u32(smem + OFF_BAR + (BAR_READY + s) * 8), 1);
-      bar_init(smem_u32(smem + OFF_BAR + (BAR_FREE + s) * 8), 2 * CL);
-    }
-    for (int i = 0; i < 2; ++i) {
-      bar_init(smem_u32(smem + OFF_BAR + (BAR_PFULL + i) * 8), 1);
-      bar_init(smem_u32(smem + OFF_BAR + (BAR_PFREE + i) * 8), 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    *reinterpret_cast<uint32_t*>(smem + OFF_INEXACT) = 0;
+    init_barriers<CL>(smem, false);
   }
   if (CL > 1) cluster_sync(); else __syncthreads();  // barriers initialised before any peer uses them
 
   int n_tiles = 0;
   for (int s = 0; s < p.n_scopes; ++s) n_tiles += (scope_keys(p.scope[s], b) + KEYS - 1) / KEYS;
 
-  const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 2) {
-    regs_dec<REGS_PRODUCER>();
-    producer<CL>(p, smem, b, t, rank);
-  } else if (warpgroup == 0) {
-    regs_inc<REGS_SOFTMAX>();
-    load_q(p, smem, b, t, head0);
-    softmax_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
-  } else {  // keeps the launch's REGS_LAUNCH
-    load_q(p, smem, b, t, head0);
-    second_half_warpgroup<CL>(p, smem, b, t, head0, n_tiles);
+  run_pass<CL, true>(p, smem, b, t, head0, rank, n_tiles);
+  if (bf16_pass_needed<CL>(smem)) {
+    run_pass<CL, false>(p, smem, b, t, head0, rank, n_tiles);
+    if (CL > 1) cluster_sync();
   }
-  // No CTA leaves while its peer may still store into its memory or arrive on its barriers.
-  if (CL > 1) cluster_sync();
   trace_cta(p, CTA_END);
 }
 

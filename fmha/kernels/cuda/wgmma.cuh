@@ -1,19 +1,27 @@
 #pragma once
 #include <cstdint>
 
-// Generated operand lists (m64n64k16 and m64n256k16, f32 += bf16 x bf16; A from shared memory or, in the
-// _a_regs form, from four registers a thread in the accumulator's row layout).
+// Generated operand lists (m64n64k16 and m64n256k16, f32 += A x B; A and B both bf16 or, with F16,
+// both f16; A from shared memory or, in the _a_regs form, from four registers a thread in the
+// accumulator's row layout). Each asm is spelled out for both types: an asm string is a literal.
+#define FMHA_WGMMA_N64(TYPES) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " {" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+#define FMHA_WGMMA_N64_OPERANDS \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+template <bool F16>
 __device__ __forceinline__ void wgmma_m64n64k16(float* d, uint64_t a, uint64_t b, int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
+  if constexpr (F16)
+    asm volatile(FMHA_WGMMA_N64("f16.f16") : FMHA_WGMMA_N64_OPERANDS : "l"(a), "l"(b), "r"(accumulate));
+  else
+    asm volatile(FMHA_WGMMA_N64("bf16.bf16") : FMHA_WGMMA_N64_OPERANDS : "l"(a), "l"(b), "r"(accumulate));
 }
 
 // m64n256k16's 128 accumulator registers: the operand list (%0 .. %127) and their constraints.
@@ -44,16 +52,28 @@ __device__ __forceinline__ void wgmma_m64n64k16(float* d, uint64_t a, uint64_t b
   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
+#define FMHA_WGMMA_N256_B_MN_MAJOR(TYPES) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPES " {" FMHA_WGMMA_N256_D "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+
+template <bool F16>
 __device__ __forceinline__ void wgmma_m64n256k16_b_mn_major(float* d, uint64_t a, uint64_t b, int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" FMHA_WGMMA_N256_D "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : FMHA_WGMMA_N256_D_OPERANDS
-      : "l"(a), "l"(b), "r"(accumulate));
+  if constexpr (F16)
+    asm volatile(FMHA_WGMMA_N256_B_MN_MAJOR("f16.f16") : FMHA_WGMMA_N256_D_OPERANDS : "l"(a), "l"(b), "r"(accumulate));
+  else
+    asm volatile(FMHA_WGMMA_N256_B_MN_MAJOR("bf16.bf16") : FMHA_WGMMA_N256_D_OPERANDS : "l"(a), "l"(b), "r"(accumulate));
 }
 
+#define FMHA_WGMMA_N256_A_REGS_B_MN_MAJOR(TYPES) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPES " {" FMHA_WGMMA_N256_D "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+
+template <bool F16>
 __device__ __forceinline__ void wgmma_m64n256k16_a_regs_b_mn_major(float* d, const uint32_t* a, uint64_t b, int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" FMHA_WGMMA_N256_D "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : FMHA_WGMMA_N256_D_OPERANDS
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  if constexpr (F16)
+    asm volatile(FMHA_WGMMA_N256_A_REGS_B_MN_MAJOR("f16.f16") : FMHA_WGMMA_N256_D_OPERANDS
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  else
+    asm volatile(FMHA_WGMMA_N256_A_REGS_B_MN_MAJOR("bf16.bf16") : FMHA_WGMMA_N256_D_OPERANDS
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
