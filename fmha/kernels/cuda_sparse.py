@@ -29,9 +29,9 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
 configs, faster than the Gluon kernel, but 1.10-1.19x FlashMLA's time (a tile waits for the
-producer's fill; each CTA's start and end, q in and o out, about 10.5 µs, are not overlapped
-with other CTAs' tiles as FlashMLA's persistent CTAs overlap them). fmha.attention still runs the Gluon kernel first (this
-one's first call builds it with nvcc); `implementation="cuda"` runs this one.
+producer's fill; a CTA's start and end, q in and o out, cost about 10.5 µs, 30% of the one-wave
+shapes). fmha.attention still runs the Gluon kernel first (this one's first call builds it with
+nvcc); `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
 ~/.cache/torch_extensions). Where it cannot build or run, `availability` says why and
