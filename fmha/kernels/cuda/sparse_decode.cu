@@ -157,6 +157,12 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// Every thread of the cluster (of the CTA where it runs alone).
+template <int CL>
+__device__ __forceinline__ void cluster_or_cta_sync() {
+  if (CL > 1) cluster_sync(); else __syncthreads();
+}
+
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -866,15 +872,16 @@ __device__ __forceinline__ void init_barriers(uint8_t* smem, bool used) {
 // (mark_inexact): if so the barriers start over for the bf16 pass.
 template <int CL>
 __device__ __forceinline__ bool bf16_pass_needed(uint8_t* smem) {
-  if (CL > 1) cluster_sync(); else __syncthreads();
+  cluster_or_cta_sync<CL>();
   if (!*reinterpret_cast<volatile uint32_t*>(smem + OFF_INEXACT)) return false;
   // The f16 pass's o lands before the bf16 pass's (store_o's bulk copies: threads 0-31 of each consumer warpgroup).
   if (threadIdx.x < 256 && threadIdx.x % 128 < 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   if (threadIdx.x == 0) init_barriers<CL>(smem, true);
-  if (CL > 1) cluster_sync(); else __syncthreads();
+  cluster_or_cta_sync<CL>();
   return true;
 }
 
+// One pass over the row's tiles, keys, q and P as f16 (or bf16), each warpgroup its part.
 template <int CL, bool F16>
 __device__ __forceinline__ void run_pass(const Params& p, uint8_t* smem, int b, int t, int head0, uint32_t rank,
                                          int n_tiles) {
@@ -899,7 +906,7 @@ __device__ __forceinline__ void run_pass(const Params& p, uint8_t* smem, int b, 
 // Two passes, the second rarely run. The first holds keys, q and P as f16: P's 11-bit significand
 // keeps the output at the gate in one P.V (bf16's 8 bits do not: FlashMLA's cosine 0.9999979),
 // and f16 holds every dequantized key element exactly for the scales real caches have (e4m3
-// scale codes 112-134, e2m1 104-140) and q and the rope dims from 2^-17 up to below 2^16. Where
+// scale codes 112-134, e2m1 104-140), q scaled by a power of two, and the rope dims below 2^16. Where
 // a value of the row falls outside, the cluster runs the second pass: bf16, which holds them all,
 // with P split into bf16 hi + lo (two P.Vs).
 template <int CL>
@@ -915,7 +922,7 @@ __global__ void __launch_bounds__(THREADS, 1) sparse_decode_kernel(const __grid_
     *reinterpret_cast<uint32_t*>(smem + OFF_INEXACT) = 0;
     init_barriers<CL>(smem, false);
   }
-  if (CL > 1) cluster_sync(); else __syncthreads();  // barriers initialised before any peer uses them
+  cluster_or_cta_sync<CL>();  // barriers initialised before any peer uses them
 
   int n_tiles = 0;
   for (int s = 0; s < p.n_scopes; ++s) n_tiles += (scope_keys(p.scope[s], b) + KEYS - 1) / KEYS;
