@@ -41,11 +41,10 @@ MUTANTS = (
         isolate="hang"),
     Mutant(
         "cuda-sparse-subnormals-flushed", "",
-        "e4m3 codes with exponent bits 0 (subnormals) decoded as 0: their f16 and bf16 bits flushed before the scale",
+        "e4m3 codes with exponent bits 0 (subnormals) decoded as 0: flushed before the f16 pass's conversion and in "
+        "the bf16 pass's bits",
         lambda: patched_cuda_sparse_kernel("cuda-sparse-subnormals-flushed", (
-            "  if constexpr (F16) return ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u);\n",
-            "  if constexpr (F16) {\n    const uint32_t v = ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u);\n"
-            "    return v & __vcmpne2(v & 0x7C007C00u, 0);\n  }\n"), (
+            "    e4m3x4_to_f16(w, a, b);\n", "    e4m3x4_to_f16(w & __vcmpne4(w & 0x78787878u, 0), a, b);\n"), (
             "  return ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);\n",
             "  const uint32_t v = ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);\n"
             "  return v & __vcmpne2(v & 0x7F807F80u, 0);\n"))),

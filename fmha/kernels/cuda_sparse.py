@@ -14,12 +14,13 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   every dequantized key element exactly for e4m3 scale codes 112-134 and e2m1 104-140 (checked
   a key at a time), q scaled by a power of two to its range, the rope dims from 2^-17 up. A row
   with a value outside runs again in bf16, P split into bf16 hi + lo (two P.Vs).
-- Dequantization is bit work without a per-code path: an e4m3 code's bits moved into an f16's
-  (a bf16's) are its value times 2^-8 (2^-120), zeros and subnormals too, and one multiply by
-  2^(scale - 119) (2^(scale - 7)) scales two values, exactly (in bf16 two multiplies for scales
-  above 134; NaN codes ORed in from a byte mask). e2m1 codes go through 8-entry byte tables
-  (`prmt`) and one multiply by the scale. The producer has the next piece's bytes in flight
-  while it dequantizes this one.
+- Dequantization without a per-code path: in the f16 pass two e4m3 codes are one
+  `cvt.rn.f16x2.e4m3x2` (exact, NaN codes to NaN) and one multiply by 2^(scale - 127); in the
+  bf16 pass (sm_90 has no e4m3 to bf16 conversion) a code's bits moved into a bf16's are its value
+  times 2^-120, zeros and subnormals too, and one multiply by 2^(scale - 7) scales two values
+  exactly (two multiplies for scales above 134; NaN codes ORed in from a byte mask). e2m1 codes
+  go through 8-entry byte tables (`prmt`) and one multiply by the scale. The producer has the
+  next piece's bytes in flight while it dequantizes this one.
 - Warpgroup 0: QK^T (wgmma m64n64k16, q and keys from shared memory), the online softmax,
   P.V for Dv[0:256] with P from its registers; warpgroup 1: P.V for Dv[256:512] (m64n256k16,
   the key tile read as V, P from shared memory, stored by stmatrix), told P is full once
@@ -28,10 +29,10 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
   stage o in shared memory for the bulk copy engine to store, 512 contiguous bytes a head.
 
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
-configs, faster than the Gluon kernel, but 1.10-1.19x FlashMLA's time (a tile waits for the
-producer's fill; a CTA's start and end, q in and o out, cost about 10.5 µs, 30% of the one-wave
-shapes). fmha.attention still runs the Gluon kernel first (this one's first call builds it with
-nvcc); `implementation="cuda"` runs this one.
+configs, faster than the Gluon kernel, faster than FlashMLA on the four 1024-key bench shapes and
+1.03-1.07x its time on the 512-key ones (a CTA's start and end, q in and o out, cost about 10.5 µs,
+a third of the one-wave shapes). fmha.attention still runs the Gluon kernel first (this one's
+first call builds it with nvcc); `implementation="cuda"` runs this one.
 
 Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
 ~/.cache/torch_extensions). Where it cannot build or run, `availability` says why and

@@ -261,13 +261,14 @@ struct E4m3Scale {
   bool twice;
 };
 
-// In f16: 2^(scale - 119), one multiply for e4m3_bits<true>'s values (the codes' values times 2^-8),
-// exact for scales 112 to 134 (2^-15 to 2^7: every code's product is an f16); the others add to `inexact`.
+// In f16: 2^(scale - 127) (at 112, 2^-15, an f16 subnormal), one multiply for the codes' values,
+// exact for scales 112 to 134 (2^-15 to 2^7: every code's product is an f16); the others add to
+// `inexact`.
 template <bool F16>
 __device__ __forceinline__ E4m3Scale e4m3_scale(uint32_t scale, uint32_t& inexact) {
   if constexpr (F16) {
     inexact |= scale - 112 > 22;
-    return {((scale - 104) << 10) * 0x10001u, 0, false};
+    return {(scale > 112 ? ((scale - 112) << 10) & 0x7FFFu : 0x0200u) * 0x10001u, 0, false};
   }
   const bool twice = scale > 134 && scale != 0xFF;
   const uint32_t first = scale == 0xFF ? 0x7FC0u : twice ? 0x7F00u : (scale + 120) << 7;
@@ -276,32 +277,40 @@ __device__ __forceinline__ E4m3Scale e4m3_scale(uint32_t scale, uint32_t& inexac
 
 // Two e4m3 codes (bytes 1 and 3 of x) as bf16x2: the code's exponent and mantissa bits placed
 // as a bf16's low exponent and high mantissa bits are its value times 2^-120, normals and
-// subnormals (as bf16 subnormals) alike, so no code needs a path of its own. In f16's the same
-// bits are the value times 2^-8.
-template <bool F16>
+// subnormals (as bf16 subnormals) alike, so no code needs a path of its own.
 __device__ __forceinline__ uint32_t e4m3_bits(uint32_t x) {
-  if constexpr (F16) return ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u);
   return ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);
 }
 
-// Four e4m3 codes (a word, low byte first) times 2^(scale - 127) as two bf16x2 (or f16x2) words,
-// exactly (in bf16 rounded once where the product leaves its range), one path for every code but
-// the NaN codes (0x7F, 0xFF), which a rare branch ORs in from a per-byte mask. (__byte_perm keeps 3
-// bits of each selector nibble, so the mask's bytes are spread by plain copies, not prmt's sign mode.)
+// Four e4m3 codes (a word, low byte first) as two f16x2 words by the hardware's conversion (two
+// instructions; every e4m3 value is an f16, NaN codes become NaN): a third of the bit work's
+// instructions, which bound the producer.
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi) : "r"(w));
+}
+
+// Four e4m3 codes (a word, low byte first) times 2^(scale - 127) as two f16x2 (or bf16x2) words,
+// exactly (in bf16 rounded once where the product leaves its range). bf16 has no conversion from
+// e4m3: one bit path for every code but the NaN codes (0x7F, 0xFF), which a rare branch ORs in
+// from a per-byte mask. (__byte_perm keeps 3 bits of each selector nibble, so the mask's bytes are
+// spread by plain copies, not prmt's sign mode.)
 template <bool F16>
 __device__ __forceinline__ void e4m3x4(uint32_t w, const E4m3Scale& s, uint32_t& lo, uint32_t& hi) {
-  const uint32_t a = e4m3_bits<F16>(__byte_perm(w, 0, 0x1404)), b = e4m3_bits<F16>(__byte_perm(w, 0, 0x3424));
   if constexpr (F16) {
+    uint32_t a, b;
+    e4m3x4_to_f16(w, a, b);
     lo = f16x2_mul(a, s.first), hi = f16x2_mul(b, s.first);
-  } else {
-    lo = bf16x2_mul(a, s.first), hi = bf16x2_mul(b, s.first);
-    if (s.twice) lo = bf16x2_mul(lo, s.second), hi = bf16x2_mul(hi, s.second);
+    return;
   }
+  const uint32_t a = e4m3_bits(__byte_perm(w, 0, 0x1404)), b = e4m3_bits(__byte_perm(w, 0, 0x3424));
+  lo = bf16x2_mul(a, s.first), hi = bf16x2_mul(b, s.first);
+  if (s.twice) lo = bf16x2_mul(lo, s.second), hi = bf16x2_mul(hi, s.second);
   const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
   if (nan) {
-    const uint32_t mask = (nan >> 7) * 0xFFu, quiet = F16 ? 0x7E007E00u : 0x7FC07FC0u;
-    lo |= __byte_perm(mask, 0, 0x1100) & quiet;
-    hi |= __byte_perm(mask, 0, 0x3322) & quiet;
+    const uint32_t mask = (nan >> 7) * 0xFFu;
+    lo |= __byte_perm(mask, 0, 0x1100) & 0x7FC07FC0u;
+    hi |= __byte_perm(mask, 0, 0x3322) & 0x7FC07FC0u;
   }
 }
 
@@ -675,10 +684,22 @@ __device__ __forceinline__ void pv_from_registers(float* acc, const uint32_t* p_
   wgmma_commit();
 }
 
+// The sinks of warpgroup 0's thread's rows (softmax_warpgroup's r0, r0 + 8; -inf past Hq), loaded
+// before q so that their latency passes with q's: they are used once the tiles are done (scaled at
+// the load, they held warpgroup 0 there for the load's latency before its first tile).
+__device__ __forceinline__ float2 load_sinks(const Params& p, int head0) {
+  const int head = head0 + (threadIdx.x / 32) * 16 + (threadIdx.x % 32) / 4;
+  float2 sink = make_float2(-INFINITY, -INFINITY);
+  if (p.sink && head < p.heads) sink.x = __ldg(p.sink + head);
+  if (p.sink && head + 8 < p.heads) sink.y = __ldg(p.sink + head + 8);
+  return sink;
+}
+
 // Row r0 = 16 warp + lane / 4 and r0 + 8 of the warpgroup's 64; columns 8 j + 2 (lane % 4) + {0, 1}.
 // q_unit: what a unit of q in shared memory is worth (load_q).
 template <int CL, bool F16>
-__device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles, float q_unit) {
+__device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, int head0, int n_tiles, float q_unit,
+                                  float2 sinks) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int r0 = warp * 16 + lane / 4, quad = lane % 4;
   float acc[128];
@@ -688,12 +709,6 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
   const uint32_t q = smem_u32(smem + OFF_Q);
   const float* bias_s = reinterpret_cast<const float*>(smem + OFF_BIAS);
   float* alpha_s = reinterpret_cast<float*>(smem + OFF_ALPHA);
-  float sink_log2[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int head = head0 + r0 + 8 * h;
-    sink_log2[h] = p.sink ? (head < p.heads ? p.sink[head] * LOG2E : -INFINITY) : 0.f;
-  }
   const float qk_scale_log2 = p.qk_scale_log2 * q_unit;
   trace_cta(p, CTA_TILES);
   for (int i = 0; i < n_tiles; ++i) {
@@ -791,7 +806,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     const int head = head0 + r0 + 8 * h;
     rescale[h] = 1.f;
     if (p.sink) {
-      const float sink = sink_log2[h];
+      const float sink = (h ? sinks.y : sinks.x) * LOG2E;
       const float m_final = fmaxf(m[h], sink);
       const float m_safe = m_final == -INFINITY ? 0.f : m_final;
       rescale[h] = exp2f(m[h] - m_safe);
@@ -892,8 +907,9 @@ __device__ __forceinline__ void run_pass(const Params& p, uint8_t* smem, int b, 
     regs_inc<REGS_LAUNCH>();
   } else if (warpgroup == 0) {
     regs_inc<REGS_SOFTMAX>();
+    const float2 sinks = load_sinks(p, head0);
     const float q_unit = load_q<CL, F16>(p, smem, b, t, head0, rank);
-    softmax_warpgroup<CL, F16>(p, smem, b, t, head0, n_tiles, q_unit);
+    softmax_warpgroup<CL, F16>(p, smem, b, t, head0, n_tiles, q_unit, sinks);
     regs_dec<REGS_LAUNCH>();
   } else {
     regs_dec<REGS_SECOND>();
