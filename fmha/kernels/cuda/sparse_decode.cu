@@ -252,6 +252,12 @@ __device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v, float up, uint32_t& in
                     bf16x2_to_f16x2(v.z, up, inexact), bf16x2_to_f16x2(v.w, up, inexact));
 }
 
+// 2^(code - 127) as f16x2 (both halves), for codes 104 to 140 (below 113 an f16 subnormal): the
+// f16 pass's scale multiplier, e4m3's and e2m1's alike.
+__device__ __forceinline__ uint32_t f16x2_pow2(uint32_t code) {
+  return (code >= 113 ? (code - 112) << 10 : 1u << ((code - 103) & 31)) * 0x10001u;
+}
+
 // 2^(scale - 7) as a bf16x2 multiplier (both halves) for e4m3_bits' values, which are the codes'
 // values times 2^-120. Above scale 134 the exponent field would pass 254: then the value is
 // multiplied by 2^127 first (exact: an e4m3 value times 2^7) and by 2^(scale - 134) second, so
@@ -261,14 +267,13 @@ struct E4m3Scale {
   bool twice;
 };
 
-// In f16: 2^(scale - 127) (at 112, 2^-15, an f16 subnormal), one multiply for the codes' values,
-// exact for scales 112 to 134 (2^-15 to 2^7: every code's product is an f16); the others add to
-// `inexact`.
+// In f16: 2^(scale - 127), one multiply for the codes' values, exact for scales 112 to 134 (2^-15
+// to 2^7: every code's product is an f16); the others add to `inexact`.
 template <bool F16>
 __device__ __forceinline__ E4m3Scale e4m3_scale(uint32_t scale, uint32_t& inexact) {
   if constexpr (F16) {
     inexact |= scale - 112 > 22;
-    return {(scale > 112 ? ((scale - 112) << 10) & 0x7FFFu : 0x0200u) * 0x10001u, 0, false};
+    return {f16x2_pow2(scale), 0, false};
   }
   const bool twice = scale > 134 && scale != 0xFF;
   const uint32_t first = scale == 0xFF ? 0x7FC0u : twice ? 0x7F00u : (scale + 120) << 7;
@@ -321,7 +326,7 @@ template <bool F16>
 __device__ __forceinline__ uint32_t ue8m0_scale2(uint32_t code, uint32_t& inexact) {
   if constexpr (F16) {
     inexact |= code - 104 > 36;
-    return (code >= 113 ? (code - 112) << 10 : 1u << ((code - 103) & 31)) * 0x10001u;
+    return f16x2_pow2(code);
   }
   const uint32_t h = code == 0xFF ? 0x7FC0u : code == 0 ? 0x0040u : code << 7;
   return h * 0x10001u;
