@@ -1,6 +1,6 @@
 """Every registered kernel and merge: whether it runs here, why not, what it declares.
 
-    python -m fmha.ci.kernels [--fmha-device cpu|cuda]
+    python -m fmha.ci.kernels [--fmha-device cpu|cuda] [--fmha-kernel NAME|mutant:NAME|module:attr ...]
 
 A kernel that cannot run on this machine (a missing library, no GPU) says why and how to get
 it; one that runs lists its capabilities (what the strategies draw for it and what its tests
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from fmha import registry
-from fmha.ci.cli import kernel_parser, parse
+from fmha.regressions.selection import command_line, parse, selected_kernels
 from fmha.contract import DTYPE_NAMES, Capabilities
 from fmha.tables import Table
 
@@ -38,12 +38,13 @@ def declared(c: Capabilities) -> str:
 
 
 def main(argv=None) -> int:
-    parser = kernel_parser(__doc__)
+    parser = command_line(__doc__, default_kernels="every registered kernel")
     args = parse(parser, argv)
     device = args.fmha_device
     defaults = {k.name for k in registry.default_kernels(device)}
+    entries = selected_kernels(parser, args) if args.fmha_kernel else registry.KERNELS.values()
     table = Table(["kernel", "here", "runs", "declares / why not"])
-    for entry in registry.KERNELS.values():
+    for entry in entries:
         why_not = entry.availability(device)
         capabilities = entry.capabilities_on(device)
         if why_not is None and device not in capabilities.devices:

@@ -37,9 +37,12 @@ import torch
 from tqdm import tqdm
 
 from fmha import registry
-from fmha.ci.cli import kernel_parser, parse, selected_kernels
+from fmha.regressions.selection import command_line, parse, resolve_kernel, selected_kernels
 from fmha.ci import report_html
-from fmha.oracles.check import judge_run, run_kernel
+from fmha.ci.run_record import RunRecord, raised
+from fmha.contract import NotSupportedError
+from fmha.oracles.check import judge_run
+from fmha.oracles.kernel_call import run_kernel
 from fmha.oracles.sample import Sample
 from fmha.contract import DTYPE_NAMES
 from fmha.properties.grid import GRID, SPARSE_GRID, config_id, grid_id, grid_problem, sparse_id
@@ -47,6 +50,7 @@ from fmha.tables import Table
 
 GATE = 0.999998
 LAYOUTS = ("mha", "mqa")
+SPARSE_LAYOUT = report_html.SPARSE
 DISTRIBUTIONS = ("normal", "peaky", "flat")
 # CPU slice: every head dim, decode shapes, the boundary configs; of the sparse grid, Hq 64,
 # T 1, 128 + 512 keys in pages of 64 with a sink, the second scope in FP8 and in FP4.
@@ -55,127 +59,145 @@ CPU_SPARSE_SLICE = {"dsv4-h64-T1-topk128+512-block64-fp8-sink", "dsv4-h64-T1-top
 
 
 def cases(configs, sparse_configs) -> list[tuple]:
-    """(problem, the record's fields) of every grid case: configs x layouts, then the sparse ones."""
-    dense = [(grid_problem(c, layout), dict(config=config_id(c), case=grid_id(c, layout), head_dim=c.head_dim,
-                                            q_len=c.q_len, kv_len=c.kv_len, layout=layout))
+    """(problem, the case's id, where it sits in the grids) of every grid case: configs x
+    layouts, then the sparse ones."""
+    dense = [(grid_problem(c, layout), grid_id(c, layout), dict(config=config_id(c), head_dim=c.head_dim,
+                                                                 q_len=c.q_len, kv_len=c.kv_len, layout=layout))
              for c in configs for layout in LAYOUTS]
-    sparse = [(p, dict(config=sparse_id(p), case=sparse_id(p), head_dim=p.head_dim, q_len=p.q_len,
-                       kv_len=p.kv_len + p.extra_topk, layout="dsv4-sparse")) for p in sparse_configs]
+    sparse = [(p, sparse_id(p), dict(config=sparse_id(p), head_dim=p.head_dim, q_len=p.q_len,
+                                     kv_len=p.kv_len + p.extra_topk, layout=SPARSE_LAYOUT)) for p in sparse_configs]
     return dense + sparse
 
 
-def run_gate(kernels, device: str, seeds: int, grid_cases, progress=True) -> list[dict]:
+def why_below(metrics: dict, gate: float = GATE) -> str:
+    """Why a run that returned an answer is not at the gate ("" when it is): the gate's rule.
+    NaN, inf and unwritten elements are left out of the cosine (so that one of them does not
+    read as a precision loss): they fail the run apart, or an output of NaN alone would pass."""
+    why = [f"{metrics[k]} {what} output elements" for k, what in (("nonfinite", "NaN or inf"),
+                                                                   ("unwritten", "unwritten")) if metrics.get(k)]
+    if metrics["cos"] is None or not metrics["cos"] >= gate:
+        cos = metrics["cos"]
+        why.append(f"cos {cos:.7f}, {gate - cos:.2e} below the gate (worst row {metrics['worst_row_cos']:.7f})"
+                   if cos is not None else "no cosine (no finite element)")
+    return "; ".join(why)
+
+
+def run_gate(kernels, device: str, seeds: int, grid_cases, progress=True) -> list[RunRecord]:
     """One record per run. A kernel that raises (or returns the wrong shape, or ignores out=)
-    gets that run recorded as a failure with the error, and the gate goes on."""
+    gets that run recorded with the error, and the gate goes on; a NotSupportedError for a call
+    its capabilities admit is a skip with its reason, as in pytest and verify."""
     records = []
-    runs = [(kernel, problem, fields, distribution, seed) for kernel in kernels for problem, fields in grid_cases
-            for distribution in DISTRIBUTIONS for seed in range(seeds)]
-    for kernel, problem, fields, distribution, seed in tqdm(runs, unit="run", file=sys.stderr,
-                                                             disable=None if progress else True):
-        record = dict(kernel=kernel.name, **fields, distribution=distribution, seed=seed,
-                      dtype=DTYPE_NAMES[problem.dtype])
-        reasons = kernel.not_supported_reasons(problem, device)
-        if reasons:
-            record["skipped"] = "; ".join(reasons)
-        else:
-            try:
-                sample = Sample(problem=problem, distribution=distribution, seed=seed)
-                m = judge_run(run_kernel(kernel, sample.inputs(device))).metrics
-                # NaN, inf and unwritten elements are left out of the cosine (so that one of them
-                # does not read as a precision loss): they fail the run apart, or an output of NaN
-                # alone would be at the gate.
-                record.update(cos=m.cos, worst_row_cos=m.worst_row_cos, error_ratio=m.error_ratio,
-                              lse_err=m.lse_max_err, nonfinite=m.nonfinite, unwritten=m.unwritten)
-                record["passed"] = not report_html.why_below(record, GATE)
-            except Exception as e:  # noqa: BLE001 -- a kernel that fails costs its run, not the gate
-                record.update(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                              passed=False)
-        records.append(record)
+    runs = [(kernel, problem, case, where, distribution, seed) for kernel in kernels
+            for problem, case, where in grid_cases for distribution in DISTRIBUTIONS for seed in range(seeds)]
+    for kernel, problem, case, where, distribution, seed in tqdm(runs, unit="run", file=sys.stderr,
+                                                                  disable=None if progress else True):
+        record = RunRecord(kernel.name, "gate", case, DTYPE_NAMES[problem.dtype],
+                           where=dict(where, distribution=distribution, seed=seed))
+        records.append(_judged(kernel, problem, record, device))
     return records
+
+
+def _judged(kernel, problem, record: RunRecord, device: str) -> RunRecord:
+    reasons = kernel.not_supported_reasons(problem, device)
+    if reasons:
+        return record.replace(outcome="skipped", message="; ".join(reasons))
+    sample = Sample(problem=problem, distribution=record.where["distribution"], seed=record.where["seed"])
+    try:
+        m = judge_run(run_kernel(kernel, sample.inputs(device))).metrics
+    except NotSupportedError as e:
+        return record.replace(outcome="skipped", message=f"raised NotSupportedError: {e}")
+    except Exception as e:  # noqa: BLE001 -- a kernel that fails costs its run, not the gate
+        return raised(record.kernel, record.part, record.what, e, dtype=record.dtype, where=record.where)
+    metrics = dict(cos=m.cos, worst_row_cos=m.worst_row_cos, error_ratio=m.error_ratio, lse_err=m.lse_max_err,
+                   nonfinite=m.nonfinite, unwritten=m.unwritten)
+    why = why_below(metrics)
+    return record.replace(outcome="failed" if why else "passed", message=why, metrics=metrics)
 
 
 @dataclass
 class KernelTally:
     """One kernel's runs and what the gate makes of them (the Markdown and HTML reports)."""
 
-    runs: list[dict]
+    runs: list[RunRecord]
 
     @property
-    def ran(self) -> list[dict]:
-        return [r for r in self.runs if "cos" in r]
+    def ran(self) -> list[RunRecord]:
+        return [r for r in self.runs if r.returned]
 
     @property
-    def below(self) -> list[dict]:
-        return [r for r in self.ran if not r["passed"]]
+    def below(self) -> list[RunRecord]:
+        return [r for r in self.ran if r.outcome != "passed"]
 
     @property
-    def errors(self) -> list[dict]:
+    def errors(self) -> list[RunRecord]:
         """Runs where the kernel raised instead of returning an answer."""
-        return [r for r in self.runs if "error" in r]
+        return [r for r in self.runs if r.outcome == "raised"]
+
+    @property
+    def skipped(self) -> list[RunRecord]:
+        return [r for r in self.runs if r.outcome == "skipped"]
 
     @property
     def gated(self) -> bool:
         """Its runs decide the exit status (a --compare kernel's are only reported)."""
-        return all(r.get("gated", True) for r in self.runs)
+        return all(r.gated for r in self.runs)
 
     @property
     def failing(self) -> bool:
         return bool(self.below or self.errors)
 
     @property
-    def by_config(self) -> dict[str, list[dict]]:
+    def by_config(self) -> dict[str, list[RunRecord]]:
         """Its runs per grid config (layouts, distributions and seeds)."""
         found = defaultdict(list)
         for r in self.runs:
-            found[r["config"]].append(r)
+            found[r.where["config"]].append(r)
         return found
 
     @property
-    def failing_by_config(self) -> dict[str, list[dict]]:
+    def failing_by_config(self) -> dict[str, list[RunRecord]]:
         """The runs below the gate or that raised, per config that has any."""
         failing = {id(r) for r in self.below + self.errors}
         return {c: bad for c, runs in self.by_config.items() if (bad := [r for r in runs if id(r) in failing])}
 
     @property
     def configs(self) -> set[str]:
-        return {r["config"] for r in self.runs}
+        return {r.where["config"] for r in self.runs}
 
     @property
     def configs_at_gate(self) -> set[str]:
         """Configs the kernel ran, every run at the gate."""
-        return {r["config"] for r in self.ran} - {r["config"] for r in self.below + self.errors}
+        return {r.where["config"] for r in self.ran} - {r.where["config"] for r in self.below + self.errors}
 
 
-def tally(records: list[dict]) -> dict[str, KernelTally]:
+def tally(records: list[RunRecord]) -> dict[str, KernelTally]:
     by_kernel = defaultdict(list)
     for r in records:
-        by_kernel[r["kernel"]].append(r)
+        by_kernel[r.kernel].append(r)
     return {kernel: KernelTally(runs) for kernel, runs in by_kernel.items()}
 
 
-def summarize(records: list[dict], previous: list[dict] | None, header: str) -> tuple[str, bool]:
+def summarize(records: list[RunRecord], previous: list[RunRecord] | None, header: str) -> tuple[str, bool]:
     lines = [header, "", f"Gate: global cosine >= {GATE} against the float64 oracle, every run, with every output "
              "element written and finite.", ""]
     table = Table(["kernel", "gated", "configs at gate", "runs", "raised", "skipped", "cos min", "cos median"])
     failing_lines = []
     tallies = tally(records)
     for kernel, t in tallies.items():
-        cos = [r["cos"] for r in t.ran]
+        cos = [r.metrics["cos"] for r in t.ran if r.metrics["cos"] is not None]
         table.add(kernel, "yes" if t.gated else "no (--compare)", f"{len(t.configs_at_gate)}/{len(t.configs)}",
-                  len(t.ran), len(t.errors), len(t.runs) - len(t.ran) - len(t.errors),
+                  len(t.ran), len(t.errors), len(t.skipped),
                   f"{min(cos):.7f}" if cos else "-", f"{statistics.median(cos):.7f}" if cos else "-")
         where = kernel if t.gated else f"{kernel} (compared, not gated)"
-        failing_lines += [f"- {where} {r['case']} {r['distribution']} seed {r['seed']}: "
-                          f"{report_html.why_below(r, GATE)}" for r in t.below]
-        failing_lines += [f"- {where} {r['case']} {r['distribution']} seed {r['seed']}: raised {r['error']}"
-                          for r in t.errors]
+        failing_lines += [f"- {where} {r.run_id}: {r.message}" for r in t.below]
+        failing_lines += [f"- {where} {r.run_id}: raised {r.message}" for r in t.errors]
     lines.append(table.markdown())
     any_fail = any(t.gated and t.failing for t in tallies.values())
     if failing_lines:
         lines += ["", f"## Below the gate or raised ({len(failing_lines)} runs)", ""] + failing_lines[:200]
         if len(failing_lines) > 200:
             lines.append(f"- ... {len(failing_lines) - 200} more in results.json")
-    skipped = sorted({(r["kernel"], r["case"], r["skipped"]) for r in records if "skipped" in r})
+    skipped = sorted({(r.kernel, r.what, r.message) for r in records if r.outcome == "skipped"})
     if skipped:
         lines += ["", "## Not run (the kernel's reasons)", ""]
         lines += [f"- {k} {c}: {why}" for k, c, why in skipped[:100]]
@@ -184,23 +206,22 @@ def summarize(records: list[dict], previous: list[dict] | None, header: str) -> 
     return "\n".join(lines) + "\n", any_fail
 
 
-def _key(r):
-    return (r["kernel"], r["case"], r["distribution"], r["seed"])
+def _key(r: RunRecord):
+    return (r.kernel, r.what, r.where["distribution"], r.where["seed"])
 
 
-def _regressions(records, previous) -> list[str]:
-    before = {_key(r): r for r in previous if "cos" in r}
+def _regressions(records: list[RunRecord], previous: list[RunRecord]) -> list[str]:
+    before = {_key(r): r for r in previous if r.returned and r.metrics["cos"] is not None}
     worse = []
     for r in records:
         old = before.get(_key(r))
-        if old is None or "cos" not in r:
+        if old is None or not r.returned or r.metrics["cos"] is None:
             continue
-        if old["passed"] and not r["passed"]:
-            worse.append(f"- {r['kernel']} {r['case']} {r['distribution']} seed {r['seed']}: now below the gate "
-                         f"({old['cos']:.7f} -> {r['cos']:.7f})")
-        elif (1 - r["cos"]) > 1.5 * (1 - old["cos"]) + 1e-9:
-            worse.append(f"- {r['kernel']} {r['case']} {r['distribution']} seed {r['seed']}: 1-cos grew "
-                         f"{1 - old['cos']:.2e} -> {1 - r['cos']:.2e}")
+        was, now = old.metrics["cos"], r.metrics["cos"]
+        if old.outcome == "passed" and r.outcome != "passed":
+            worse.append(f"- {r.kernel} {r.run_id}: now below the gate ({was:.7f} -> {now:.7f})")
+        elif (1 - now) > 1.5 * (1 - was) + 1e-9:
+            worse.append(f"- {r.kernel} {r.run_id}: 1-cos grew {1 - was:.2e} -> {1 - now:.2e}")
     return worse or ["- nothing got worse"]
 
 
@@ -224,14 +245,14 @@ def _compared(parser, args, gated: list) -> list:
             found += registry.installed_kernels(args.fmha_device)
         else:
             try:
-                found.append(registry.resolve_kernel(spec))
+                found.append(resolve_kernel(spec))
             except ValueError as e:
                 parser.error(str(e).replace("--fmha-kernel", "--compare"))
     return list({k.name: k for k in found if k.name not in names}.values())
 
 
 def main(argv=None) -> int:
-    parser = kernel_parser(__doc__)
+    parser = command_line(__doc__, default_kernels="fmha (fmha.attention)")
     parser.add_argument("--compare", action="append", default=[], metavar="NAME|module:attr|installed",
                         help="report these kernels beside the gated ones, without gating them (repeatable; "
                              "'installed': every registered kernel that runs here)")
@@ -245,7 +266,7 @@ def main(argv=None) -> int:
     args = parse(parser, argv)
     if args.report_only:
         saved = json.loads((args.out / "results.json").read_text())
-        return _report(saved["records"], None, saved["header"], args.out, None)
+        return _report(_records(saved), None, saved["header"], args.out, None)
     gated = selected_kernels(parser, args) if args.fmha_kernel else [registry.KERNELS["fmha"]]
     compared = _compared(parser, args, gated)
     kernels = gated + compared
@@ -257,13 +278,12 @@ def main(argv=None) -> int:
         sparse = [p for p in sparse if p.head_dim in args.head_dims]
     seeds = args.seeds or (1 if args.fmha_device == "cpu" else 3)
 
-    records = run_gate(kernels, args.fmha_device, seeds, cases(configs, sparse))
     gated_names = {k.name for k in gated}
-    for r in records:
-        r["gated"] = r["kernel"] in gated_names
+    records = [r.replace(gated=r.kernel in gated_names)
+               for r in run_gate(kernels, args.fmha_device, seeds, cases(configs, sparse))]
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
-    previous = json.loads(results_path.read_text())["records"] if results_path.exists() else None
+    previous = _records(json.loads(results_path.read_text())) if results_path.exists() else None
     device_name = torch.cuda.get_device_name() if args.fmha_device == "cuda" else "CPU (Triton interpreter)"
     now = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
     header = (f"# Nightly gate, {now} UTC\n\n"
@@ -272,11 +292,22 @@ def main(argv=None) -> int:
               f"{len(sparse)} DSV4 sparse-decode configs, x {', '.join(DISTRIBUTIONS)} x {seeds} seed(s).\n\n"
               f"Command: python -m fmha.ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
     write_atomically(results_path, json.dumps(dict(device=device_name, torch=torch.__version__, gate=GATE,
-                                                   header=header, records=records), indent=1, default=_json_safe))
+                                                   header=header, records=[r.to_json() for r in records]),
+                                              indent=1, default=_json_safe))
     return _report(records, previous, header, args.out, now)
 
 
-def _report(records: list[dict], previous: list[dict] | None, header: str, out: Path, time: str | None) -> int:
+def _records(results: dict) -> list[RunRecord] | None:
+    """The run records of a results.json (None: one written in another format, which the
+    comparison with the previous night then leaves out)."""
+    try:
+        return [RunRecord.from_json(r) for r in results["records"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _report(records: list[RunRecord], previous: list[RunRecord] | None, header: str, out: Path,
+            time: str | None) -> int:
     """summary.md, index.html, junit.xml; `time`: this night's, appended to history.jsonl
     (None: re-rendering a night already there)."""
     summary, failed = summarize(records, previous, header)

@@ -27,6 +27,7 @@ import torch
 from fmha.ci import progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
 from fmha.properties.run_settings import DEVICE, KERNEL_SPECS, register_profiles, reproduce_command
+from fmha.regressions import selection
 
 register_profiles()
 
@@ -56,13 +57,9 @@ KNOWN_FAILURES = pytest.StashKey[tuple]()
 
 def pytest_addoption(parser):
     group = parser.getgroup("fmha", "fmha kernel verification")
-    group.addoption("--fmha-kernel", action="append", default=[], metavar="NAME|module:attr",
-                    help="kernel under test: a registry name or an import path (repeatable); "
-                         "default: every registered kernel that runs on the device by default")
-    group.addoption("--fmha-merge", action="append", default=[], metavar="NAME|module:attr",
+    selection.add_options(group.addoption)
+    group.addoption("--fmha-merge", action="append", default=[], metavar="NAME|mutant:NAME|module:attr",
                     help="merge callable under test (repeatable); default: every registered merge")
-    group.addoption("--fmha-device", default=None, choices=("cpu", "cuda"),
-                    help="device to test on; default cuda when available, else cpu")
     group.addoption("--fmha-known-failures", default=None, metavar="FILE",
                     help="a TOML file of known failures of your kernels (the ledger's records), run as strict xfails")
     group.addoption("--fmha-cases", action="append", default=[], metavar="DIR",
@@ -86,10 +83,10 @@ def pytest_configure(config):
         # kernels folder and the suite's packages are beside it (a regular install puts them inside).
         at = config.args.index("fmha")
         config.args[at:at + 1] = SUITE_PACKAGES
-    device = config.getoption("--fmha-device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise pytest.UsageError("--fmha-device cuda: CUDA is not available on this machine")
-    config.stash[DEVICE] = device
+    try:
+        config.stash[DEVICE] = selection.device(config.getoption("--fmha-device"))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         # xdist starts one worker per core and torch one thread per core in each: 16 x 16
@@ -131,11 +128,10 @@ def _selection(config) -> tuple[list[KernelEntry], list]:
     if KERNELS not in config.stash:
         from fmha import registry
 
-        device = config.stash[DEVICE]
         specs = config.getoption("--fmha-kernel")
-        config.stash[KERNELS] = registry.selected_kernels(specs, device)
+        config.stash[KERNELS] = selection.kernels(specs, config.stash[DEVICE])
         config.stash[KERNEL_SPECS] = {k.name: spec for k, spec in zip(config.stash[KERNELS], specs)}
-        merges = [registry.resolve_merge(s) for s in config.getoption("--fmha-merge")]
+        merges = [selection.resolve_merge(s) for s in config.getoption("--fmha-merge")]
         config.stash[MERGES] = merges or list(registry.MERGES.values())
     return config.stash[KERNELS], config.stash[MERGES]
 

@@ -18,39 +18,32 @@ RAISED = 1.0  # a run that raised: the heatmap's worst cell, written "raised"
 _TOPK = re.compile(r"-topk(\d+\+\d+)")
 
 
-def _gap(r: dict) -> float:
+def _gap(r) -> float:
     """1 - cos of a run that returned (a non-finite cosine, or NaN, inf or unwritten output
     elements, which the cosine leaves out, are the worst there is)."""
-    if r["cos"] is None or not math.isfinite(r["cos"]) or r.get("nonfinite") or r.get("unwritten"):
+    m = r.metrics
+    if m["cos"] is None or not math.isfinite(m["cos"]) or m.get("nonfinite") or m.get("unwritten"):
         return 1.0
-    return 1 - r["cos"]
+    return 1 - m["cos"]
 
 
-def why_below(r: dict, gate: float) -> str:
-    """Why a run that returned an answer is not at the gate ("" when it is: the gate's rule)."""
-    why = [f"{r[k]} {what} output elements" for k, what in (("nonfinite", "NaN or inf"), ("unwritten", "unwritten"))
-           if r.get(k)]
-    if r["cos"] < gate:
-        why.append(f"cos {r['cos']:.7f}, {gate - r['cos']:.2e} below the gate (worst row {r['worst_row_cos']:.7f})")
-    return "; ".join(why)
-
-
-def worst_by_cell(runs: list[dict], sparse: bool = False) -> dict[tuple, float | None]:
+def worst_by_cell(runs: list, sparse: bool = False) -> dict[tuple, float | None]:
     """(row label, column label) -> worst 1 - cos over layouts, distributions and seeds (None:
     the kernel ran nothing there). Dense grid: rows (head dim, T), columns S; sparse grid: rows
     the config without its top-k, columns the top-k of each scope."""
     cells: dict[tuple, float | None] = {}
     for r in runs:
-        if (r.get("layout") == SPARSE) != sparse:
+        where = r.where
+        if (where["layout"] == SPARSE) != sparse:
             continue
         if sparse:
-            topk = _TOPK.search(r["case"])
-            key = (_TOPK.sub("", r["case"]).removeprefix("dsv4-"), f"top-k {topk.group(1) if topk else '?'}")
+            topk = _TOPK.search(r.what)
+            key = (_TOPK.sub("", r.what).removeprefix("dsv4-"), f"top-k {topk.group(1) if topk else '?'}")
         else:
-            key = (f"hd{r['head_dim']} T={r['q_len']}", f"S={r['kv_len']}")
-        if "cos" in r:
+            key = (f"hd{where['head_dim']} T={where['q_len']}", f"S={where['kv_len']}")
+        if r.returned:
             cells[key] = max(cells.get(key) or 0.0, _gap(r))
-        elif "error" in r:
+        elif r.outcome == "raised":
             cells[key] = RAISED
         else:
             cells.setdefault(key, None)
@@ -70,7 +63,7 @@ def _pass_fail_colours(limit: float, low: float, high: float):
     return ListedColormap(np.vstack([passing, failing]))
 
 
-def heatmap(runs: list[dict], kernel: str, gate: float, path: Path, sparse: bool = False) -> Path | None:
+def heatmap(runs: list, kernel: str, gate: float, path: Path, sparse: bool = False) -> Path | None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -157,10 +150,10 @@ def read_history(path: Path) -> list[dict]:
 def _failing_configs(t, gate: float) -> list[dict]:
     rows = []
     for config, runs in t.failing_by_config.items():
-        raised = [r for r in runs if "error" in r]
-        worst = max((r for r in runs if "cos" in r), key=_gap, default=None)
+        raised = [r for r in runs if r.outcome == "raised"]
+        worst = max((r for r in runs if r.returned), key=_gap, default=None)
         rows.append(dict(config=config, runs=len(runs), sort=1.0 if raised else _gap(worst),
-                         worst=f"raised {raised[0]['error']}" if raised else why_below(worst, gate),
+                         worst=f"raised {raised[0].message}" if raised else worst.message,
                          by="" if raised else f"{_gap(worst) - (1 - gate):.2e}"))
     return sorted(rows, key=lambda row: -row["sort"])
 
@@ -184,8 +177,8 @@ def write_page(tallies: dict, gate: float, header: str, regressions: list[str], 
                     heatmaps.append(dict(src=png.name, alt=f"{name}: worst 1 - cosine per "
                                                            f"{'sparse' if sparse else 'dense'} config"))
         png = trend(history, name, gate, out_dir / f"trend-{slug}.png") if plotting else None
-        skips = Counter(r["skipped"] for r in t.runs if "skipped" in r)
-        cos = [r["cos"] for r in t.ran]
+        skips = Counter(r.message for r in t.skipped)
+        cos = [r.metrics["cos"] for r in t.ran if r.metrics["cos"] is not None]
         kernels.append(dict(
             name=name, slug=slug, gated=t.gated, failing=t.failing, configs=len(t.configs),
             at_gate=len(t.configs_at_gate), below=len(t.below), raised=len(t.errors), skipped=sum(skips.values()),
@@ -218,17 +211,16 @@ def junit(tallies: dict, gate: float) -> str:
         for config, runs in by_config.items():
             case = ET.SubElement(suite, "testcase", classname=f"nightly.{name}", name=config)
             bad = failing.get(config, [])
-            text = "\n".join(f"{r['case']} {r['distribution']} seed {r['seed']}: "
-                             + (f"raised {r['error']}" if "error" in r else why_below(r, gate))
+            text = "\n".join(f"{r.run_id}: " + (f"raised {r.message}" if r.outcome == "raised" else r.message)
                              for r in bad)
             if bad and not t.gated:
                 ET.SubElement(case, "system-out").text = f"compared, not gated:\n{text}"
             elif bad:
                 counts["failures"] += 1
                 ET.SubElement(case, "failure", message=f"{len(bad)} run(s) below the gate {gate} or raised").text = text
-            elif all("skipped" in r for r in runs):
+            elif all(r.outcome == "skipped" for r in runs):
                 counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=runs[0]["skipped"])
+                ET.SubElement(case, "skipped", message=runs[0].message)
         suite.set("failures", str(counts["failures"]))
         suite.set("skipped", str(counts["skipped"]))
     return ET.tostring(suites, encoding="unicode", xml_declaration=True)

@@ -29,8 +29,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from fmha.ci.cli import kernel_parser, parse, selected_kernels
-from fmha.registry import resolve_kernel
+from fmha.regressions.selection import command_line, parse, resolve_kernel, selected_kernels
 
 TOOLS = ("memcheck", "synccheck", "racecheck")
 OWN = ("fmha", "triton")  # the kernels sanitized without --fmha-kernel
@@ -68,10 +67,10 @@ def run_cases(kernel_spec: str, device: str) -> None:
     """The child: each case once, a marker line before it (the sanitizer's reports follow it)."""
     import torch
 
-    from fmha.regressions.mutants import resolve
+    from fmha.regressions.selection import resolve_kernel
     from fmha.regressions.traps import laid_out_cases
 
-    kernel = resolve(kernel_spec)
+    kernel = resolve_kernel(kernel_spec)
     for trap_id, case in laid_out_cases(kernel, device):
         print(f"{MARK}{trap_id}/{case.id}", flush=True)
         x = case.inputs(device)
@@ -139,7 +138,7 @@ def sanitize(kernel, tool: str, device: str, path: str, known) -> tuple[list[Fin
 def main(argv=None) -> int:
     from fmha.regressions import ledger
 
-    parser = kernel_parser(__doc__)
+    parser = command_line(__doc__, default_kernels="fmha and triton, fmha's own")
     parser.add_argument("--tool", action="append", choices=TOOLS, default=[],
                         help="compute-sanitizer tools to run (default: memcheck and synccheck)")
     parser.add_argument("--json", metavar="PATH", help="write every finding as JSON")

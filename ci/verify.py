@@ -24,14 +24,12 @@ import functools
 import json
 import math
 import os
-import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
 
 import pytest
 import torch
@@ -39,10 +37,12 @@ from hypothesis import HealthCheck, Phase, settings
 from tqdm import tqdm
 
 from fmha.ci import progress
-from fmha.ci.cli import kernel_parser, parse, selected_kernels
+from fmha.regressions.selection import command_line, parse, selected_kernels
 from fmha.ci.gpu_runner import cuda_context_error
+from fmha.ci.run_record import RunRecord, raised, signature
 from fmha.contract import NotSupportedError
-from fmha.oracles.check import judge_run, run_kernel
+from fmha.oracles.check import judge_run
+from fmha.oracles.kernel_call import run_kernel
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.contract import DTYPE_NAMES
 from fmha.properties.catalog import LAWS
@@ -63,33 +63,17 @@ WORST = {
 }
 
 
-@dataclass
-class Result:
-    kernel: str
-    part: str  # "agreement", "named cases" or "laws"
-    what: str  # the sample's id, trap/case, or the law's name
-    dtype: str  # "" for laws
-    outcome: str  # passed, failed, raised, skipped, known (a known failure), fixed (a known failure passed)
-    message: str = ""  # the failure, the error, or the skip reason
-    signature: str = ""  # what identical findings share
-
-    @property
-    def bad(self) -> bool:
-        return self.outcome in ("failed", "raised", "fixed")
-
-
-def _against_ledger(result: Result, known, device: str, test: str) -> Result:
+def _against_ledger(result: RunRecord, known, device: str, test: str) -> RunRecord:
     """A failure the ledger records is `known`; a pass it records as failing is `fixed` (the
     record must go, as pytest's strict xfail says)."""
     record = ledger.known_failure(known, result.kernel, test, device, result.what)
     if record is None or result.outcome == "skipped":
         return result
     if result.outcome == "passed":
-        return Result(result.kernel, result.part, result.what, result.dtype, "fixed",
-                      f"passes, but is recorded as a known failure ({record.issue}): remove the record",
-                      "passes though recorded as a known failure")
-    return Result(result.kernel, result.part, result.what, result.dtype, "known",
-                  f"known failure ({record.issue}): {record.reason}")
+        return result.replace(outcome="fixed", message=f"passes, but is recorded as a known failure ({record.issue}): "
+                                                       "remove the record",
+                              signature="passes though recorded as a known failure")
+    return result.replace(outcome="known", message=f"known failure ({record.issue}): {record.reason}", signature="")
 
 
 def _reasons(message: str) -> list[str]:
@@ -103,42 +87,31 @@ def _reasons(message: str) -> list[str]:
     return parts + [message[start:]]
 
 
-def _signature(text: str) -> str:
-    """A finding without its numbers and locations: identical bugs give identical signatures."""
-    return re.sub(r"\(b,t,h(,d)?\)=\([^)]*\)|-?\d+(\.\d+)?(e[-+]?\d+)?", "#", text)
-
-
-def _raised(kernel, part: str, what: str, dtype: str, e: Exception) -> Result:
-    """A kernel that raised: its error's first line, and what identical errors share."""
-    error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    return Result(kernel.name, part, what, dtype, "raised", error, f"raised {_signature(error)}")
-
-
-def agreement(kernel, sample, device: str, worst=None) -> Result:
+def agreement(kernel, sample, device: str, worst=None) -> RunRecord:
     dtype = DTYPE_NAMES[sample.problem.dtype]
     reasons = kernel.not_supported_reasons(sample.problem, device)
     if reasons:
-        return Result(kernel.name, "agreement", sample.id, dtype, "skipped", "; ".join(reasons))
+        return RunRecord(kernel.name, "agreement", sample.id, dtype, "skipped", "; ".join(reasons))
     try:
         verdict = judge_run(run_kernel(kernel, sample.inputs(device)), kernel=kernel)
     except NotSupportedError as e:
-        return Result(kernel.name, "agreement", sample.id, dtype, "skipped", f"raised NotSupportedError: {e}")
+        return RunRecord(kernel.name, "agreement", sample.id, dtype, "skipped", f"raised NotSupportedError: {e}")
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this case, not the run
-        return _raised(kernel, "agreement", sample.id, dtype, e)
+        return raised(kernel.name, "agreement", sample.id, e, dtype=dtype)
     if worst is not None:
         row = worst[(kernel.name, dtype)]
         for column, value in WORST.items():
             row[column] = max(row[column], (value(verdict.metrics), sample.id))
     if verdict.passed:
-        return Result(kernel.name, "agreement", sample.id, dtype, "passed")
+        return RunRecord(kernel.name, "agreement", sample.id, dtype, "passed")
     # The same likely cause is the same finding, whichever checks it trips; without one, the
     # checks that failed are what identical findings share.
-    signature = "; ".join(verdict.hints) or "fails " + ", ".join(f.split(":")[0] for f in verdict.failures)
-    return Result(kernel.name, "agreement", sample.id, dtype, "failed", verdict.message(f"{kernel.name} {sample.id}"),
-                  _signature(signature))
+    shared = "; ".join(verdict.hints) or "fails " + ", ".join(f.split(":")[0] for f in verdict.failures)
+    return RunRecord(kernel.name, "agreement", sample.id, dtype, "failed", verdict.message(f"{kernel.name} {sample.id}"),
+                     signature(shared))
 
 
-def _rest_in_a_fresh_process(argv, start_at: int) -> list[Result]:
+def _rest_in_a_fresh_process(argv, start_at: int) -> list[RunRecord]:
     """Work items `start_at` onward, run by a fresh `verify` process (which does the same
     if another item poisons its context): a kernel fault costs its case, not the run."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,28 +120,28 @@ def _rest_in_a_fresh_process(argv, start_at: int) -> list[Result]:
                    "--start-at", str(start_at), "--json", path]
         subprocess.run(command, stdout=subprocess.DEVNULL, check=False)
         if not os.path.exists(path):
-            return [Result("verify", "run", f"items {start_at}+", "", "raised",
-                           f"the fresh process for the rest exited without results: {shlex.join(command)}",
-                           "the fresh process exited")]
+            return [RunRecord("verify", "run", f"items {start_at}+", "", "raised",
+                              f"the fresh process for the rest exited without results: {shlex.join(command)}",
+                              "the fresh process exited")]
         with open(path) as f:
-            return [Result(**r) for r in json.load(f)["results"]]
+            return [RunRecord.from_json(r) for r in json.load(f)["results"]]
 
 
-def named_case(kernel, trap, case, device: str) -> Result:
+def named_case(kernel, trap, case, device: str) -> RunRecord:
     what, dtype = f"{trap.id}/{case.id}", DTYPE_NAMES[case.problem.dtype]
     try:
         outcome, message = run_named_case(kernel, trap, case, device)
     except NotSupportedError as e:
         outcome, message = "skipped", f"raised NotSupportedError: {e}"
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this case, not the run
-        return _raised(kernel, "named cases", what, dtype, e)
+        return raised(kernel.name, "named cases", what, e, dtype=dtype)
     if outcome == "skipped":
         message = message.removeprefix(f"{kernel.name}, {trap.id}: ")
-    return Result(kernel.name, "named cases", what, dtype, outcome, message,
-                  _signature(f"{trap.id}: {message.splitlines()[-1]}") if outcome == "failed" else "")
+    return RunRecord(kernel.name, "named cases", what, dtype, outcome, message,
+                     signature(f"{trap.id}: {message.splitlines()[-1]}") if outcome == "failed" else "")
 
 
-def law_pass(kernel, law, device: str, examples: int) -> Result:
+def law_pass(kernel, law, device: str, examples: int) -> RunRecord:
     """The law on a few derandomized draws, unshrunk."""
     quick = settings(max_examples=examples, derandomize=True, database=None, deadline=None,
                      phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
@@ -176,18 +149,18 @@ def law_pass(kernel, law, device: str, examples: int) -> Result:
     try:
         law.run(device, kernel, MERGES["fmha"], settings=quick)
     except pytest.skip.Exception as e:
-        return Result(kernel.name, "laws", law.name, "", "skipped", e.msg.removeprefix(f"{kernel.name}: "))
+        return RunRecord(kernel.name, "laws", law.name, "", "skipped", e.msg.removeprefix(f"{kernel.name}: "))
     except AssertionError as e:
         notes = "\n".join(line for line in getattr(e, "__notes__", []) if line.startswith("pin it"))
         first = str(e).splitlines()[0]
-        return Result(kernel.name, "laws", law.name, "", "failed", f"{e}\n{notes}".strip(),
-                      _signature(f"{law.name}: {first.split(':', 1)[-1]}"))
+        return RunRecord(kernel.name, "laws", law.name, "", "failed", f"{e}\n{notes}".strip(),
+                         signature(f"{law.name}: {first.split(':', 1)[-1]}"))
     except Exception as e:  # noqa: BLE001 -- a kernel that raises costs this law, not the run
-        return _raised(kernel, "laws", law.name, "", e)
-    return Result(kernel.name, "laws", law.name, "", "passed")
+        return raised(kernel.name, "laws", law.name, e)
+    return RunRecord(kernel.name, "laws", law.name, "", "passed")
 
 
-def report(results: list[Result], header: str) -> str:
+def report(results: list[RunRecord], header: str) -> str:
     lines = [header, ""]
     counts = Counter((r.kernel, r.part, r.dtype, r.outcome) for r in results)
     groups = sorted({(r.kernel, r.part, r.dtype) for r in results}, key=lambda g: (g[0], g[1], g[2]))
@@ -216,7 +189,7 @@ def report(results: list[Result], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_do(results: list[Result]) -> list[str]:
+def to_do(results: list[RunRecord]) -> list[str]:
     """Each kernel's skips by reason, the reason a kernel gives most first: one line per
     missing capability with what it keeps from running (a skip with several reasons counts
     under each; reasons that differ only in their numbers, Hq=2 and Hq=4, are one line)."""
@@ -224,7 +197,7 @@ def to_do(results: list[Result]) -> list[str]:
     for r in results:
         if r.outcome == "skipped":
             for reason in _reasons(r.message):
-                blocked[r.kernel][_signature(reason)].setdefault(reason, []).append(r)
+                blocked[r.kernel][signature(reason)].setdefault(reason, []).append(r)
     lines = []
     for kernel, shapes in sorted(blocked.items()):
         for variants in sorted(shapes.values(), key=lambda v: -sum(map(len, v.values()))):
@@ -239,7 +212,7 @@ def to_do(results: list[Result]) -> list[str]:
     return lines
 
 
-def reruns(results: list[Result], args) -> str:
+def reruns(results: list[RunRecord], args) -> str:
     """The command that reruns each failure alone, last, where a CI log's reader looks."""
     bad = [r for r in results if r.bad]
     if not bad:
@@ -264,7 +237,7 @@ def calibration(worst: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = kernel_parser(__doc__)
+    parser = command_line(__doc__)
     parser.add_argument("--seeds", type=int, default=1, help="seeds per agreement case (default 1)")
     parser.add_argument("--law-examples", type=int, default=3, help="draws per law; 0 skips the laws (default 3)")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
@@ -333,7 +306,7 @@ def main(argv=None) -> int:
     print(calibration(worst) if args.calibrate else report(results, header) + reruns(results, args))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(header=header, device=device, results=[asdict(r) for r in results]), f, indent=1)
+            json.dump(dict(header=header, device=device, results=[r.to_json() for r in results]), f, indent=1)
     return 1 if any(r.bad for r in results) else 0
 
 

@@ -94,7 +94,7 @@ def _resolve(spec: str, what: str, table: dict, entry_type: type, wrap):
         return table[spec]
     if ":" not in spec:
         raise ValueError(f"--fmha-{what} {spec!r}: unknown name; registered: {', '.join(table)}; "
-                         "or give 'package.module:attr'")
+                         "or give 'package.module:attr', or a mutant as 'mutant:NAME'")
     obj = _import(spec, what)
     if isinstance(obj, entry_type):
         return obj
@@ -122,7 +122,3 @@ def default_kernels(device: str) -> list[KernelEntry]:
     """What runs when no --fmha-kernel is given: every entry that runs on `device` by default."""
     return [e for e in KERNELS.values() if device in e.default_devices and device in e.capabilities_on(device).devices]
 
-
-def selected_kernels(specs: list[str], device: str) -> list[KernelEntry]:
-    """The kernels named by --fmha-kernel options, or the defaults for the device."""
-    return [resolve_kernel(s) for s in specs] or default_kernels(device)

@@ -8,7 +8,7 @@ Three kinds of evidence, tried in this order when a verdict fails:
 - precision: the error is as large as computing at a lower precision would make it (fp32
   inputs at TF32; q.k carried in 16 bits);
 - LSE conventions of other libraries: the sink left out, +inf for a row with no key;
-- reruns (when the kernel is given): the kernel passes on the same values in contiguous
+- reruns (when the caller can rerun the kernel): it passes on the same values in contiguous
   storage, or with Dv = D, so the failure is in how it handles that dimension.
 """
 
@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from fmha.contract import DTYPE_NAMES, KernelEntry, Problem
 from fmha.oracles import reference
-from fmha.oracles.sample import Inputs
-from fmha.contract import DTYPE_NAMES, Problem
+from fmha.oracles.inputs import Inputs
+from fmha.oracles.kernel_call import Run, first_difference
 
-if TYPE_CHECKING:  # check imports this module
-    from fmha.oracles.key_sources import Oracle
-    from fmha.contract import KernelEntry
-    from fmha.oracles.check import Run
+if TYPE_CHECKING:
+    from fmha.oracles.oracle import Oracle
     from fmha.oracles.verdict import Verdict
 
 
@@ -118,8 +117,9 @@ def _rel_l2(o: torch.Tensor, ref: torch.Tensor) -> float:
     return float((o - ref).norm()) / max(float(ref.norm()), 1e-300)
 
 
-def explain(run: Run, oracle: Oracle, verdict: Verdict, kernel: KernelEntry | None = None) -> list[str]:
-    """Likely causes of the failing `verdict` on `run`, each with its evidence."""
+def explain(run: Run, oracle: Oracle, verdict: Verdict, passes: Callable[[Inputs], bool] | None = None) -> list[str]:
+    """Likely causes of the failing `verdict` on `run`, each with its evidence; `passes(inputs)`
+    reruns the kernel on simpler inputs and says whether it passes there."""
     x, floor = run.inputs, verdict.metrics.floor
     if x.problem.source == "paged":
         return _wrong_requests(run, oracle, floor)
@@ -142,15 +142,13 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict, kernel: KernelEntry | No
                     hints.append(f"error matches {description}: rel-L2 {error:.3g}; that precision alone gives "
                                  f"{expected:.3g}, the {DTYPE_NAMES[x.problem.dtype]} floor is {floor:.3g}")
     hints += _lse_conventions(run, oracle)
-    if kernel is not None and not verdict.metrics.unwritten:
-        hints += _reruns(kernel, run, verdict)
+    if passes is not None and not verdict.metrics.unwritten:
+        hints += _reruns(passes, run)
     return hints
 
 
 def nondeterminism(kernel: KernelEntry, run: Run) -> list[str]:
     """Two identical calls that differ: a finding of its own, whatever else failed."""
-    from fmha.oracles.check import first_difference  # check imports this module
-
     differ = first_difference(kernel, run.inputs)
     return [f"nondeterministic output: two identical calls differ: {differ}"] if differ else []
 
@@ -207,17 +205,15 @@ def _lse_conventions(run: Run, oracle: Oracle) -> list[str]:
     return hints
 
 
-def _reruns(kernel: KernelEntry, run: Run, verdict: Verdict) -> list[str]:
+def _reruns(rerun_passes: Callable[[Inputs], bool], run: Run) -> list[str]:
     """Simpler versions of the failing call on which the kernel passes: what it mishandles."""
-    from fmha.oracles.check import judge_run, run_kernel  # check imports this module
-
     x = run.inputs
     p = x.problem
     hints = []
 
     def passes(inputs: Inputs) -> bool:
         try:
-            return judge_run(run_kernel(kernel, inputs)).passed
+            return rerun_passes(inputs)
         except Exception:  # noqa: BLE001 -- a simpler call that fails or raises tells nothing
             return False
 

@@ -6,7 +6,7 @@ named case must pass, and the base of the paged mutants (fmha.regressions.paged_
 from __future__ import annotations
 
 from fmha.contract import CACHE_LAYOUTS, SOURCES, Capabilities, KernelEntry, check_attention_args
-from fmha.oracles import key_sources
+from fmha.oracles import oracle
 
 CAPABILITIES = Capabilities(sources=frozenset(SOURCES), cache_layouts=frozenset(CACHE_LAYOUTS),
                             promises=frozenset({"bitwise_deterministic", "batch_invariant"}))
@@ -15,7 +15,7 @@ CAPABILITIES = Capabilities(sources=frozenset(SOURCES), cache_layouts=frozenset(
 def reference(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, **source_args):
     check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
                          capabilities=CAPABILITIES, **source_args)
-    o, lse = key_sources.attention(q, key_sources.from_call(k, v, **source_args),
+    o, lse = oracle.attention(q, oracle.from_call(k, v, **source_args),
                                    cu_seqlens_q=source_args.get("cu_seqlens_q"), scale=scale, causal=causal,
                                    window=window, sink=sink)
     o = o.to(q.dtype)

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fmha.oracles import paged_inputs
 from fmha.oracles.distributions import DISTRIBUTIONS
+from fmha.oracles.inputs import Inputs
 from fmha.contract.problem import Problem, repr_fields
 
 STORAGES = ("contiguous", "strided", "sliced", "expanded")
@@ -37,7 +39,7 @@ class Sample:
     q_storage: str = "contiguous"
     k_storage: str = "contiguous"
     v_storage: str = "contiguous"  # with K is V, always k_storage
-    # Contract v2 (paged or sparse problems; fmha.oracles.paging lays them out). None: every
+    # Contract v2 (paged or sparse problems; fmha.oracles.paged_inputs lays them out). None: every
     # request at the problem's maxima, and no topk_len argument.
     kv_lens: tuple[int, ...] | None = None  # paged: each request's keys, at most problem.kv_len
     q_lens: tuple[int, ...] | None = None  # ragged: each request's query rows, at most problem.q_len
@@ -77,9 +79,7 @@ class Sample:
         if (self.cache_exponent or self.outliers) and not p.cache_layouts:
             raise ValueError("cache_exponent, outliers: they shape quantized caches")
         if p.source != "dense":  # what each request holds decides what the kernel must support
-            from fmha.oracles import paging  # paging builds on this module
-
-            object.__setattr__(self, "problem", p.replace(**paging.request_facts(self)))
+            object.__setattr__(self, "problem", p.replace(**paged_inputs.request_facts(self)))
 
     @property
     def storages(self) -> dict[str, str]:
@@ -134,9 +134,7 @@ class Sample:
         g = torch.Generator().manual_seed(self.seed)
         q, k, v, sink = self.draw(g)
         if p.source != "dense":
-            from fmha.oracles import paging  # paging builds on this module
-
-            return paging.inputs(self, g, q, k, v, None if sink is None else sink.to(device), device, tail_fill)
+            return paged_inputs.inputs(self, g, q, k, v, None if sink is None else sink.to(device), device, tail_fill)
         cast = dict(dtype=p.dtype, device=device)
         q = lay_out(q.to(**cast), self.q_storage, tail_fill)
         k = lay_out(k.to(**cast), self.k_storage, tail_fill)
@@ -177,37 +175,3 @@ def lay_out(t: torch.Tensor, storage: str, fill: float = float("nan"), hidden: i
     if storage == "expanded":
         return t[:, :, :1].expand(B, L, H, D)
     raise ValueError(f"storage: expected one of {', '.join(STORAGES)}, got {storage!r}")
-
-
-@dataclass
-class Inputs:
-    """A sample's tensors: the positional arguments of the contract call, and the sink; for
-    contract v2 the source's keyword arguments (block_table=, indices=, ...) and the float
-    sources the oracle reads (fmha.oracles.key_sources, quantized caches decoded)."""
-
-    sample: Sample
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    sink: torch.Tensor | None
-    source_args: dict = field(default_factory=dict)
-    oracle_sources: list = field(default_factory=list)
-
-    @property
-    def problem(self) -> Problem:
-        return self.sample.problem
-
-    def kwargs(self, **changes) -> dict:
-        """The contract call's keyword arguments for this sample, with `changes`."""
-        p = self.problem
-        return {**dict(scale=self.sample.scale, causal=p.causal, window=p.window, sink=self.sink), **self.source_args,
-                **changes}
-
-    def with_tensors(self, **tensors) -> Inputs:
-        """The same sample with other q, k, v (or sink) tensors."""
-        return dataclasses.replace(self, **tensors)
-
-    def contiguous(self) -> Inputs:
-        """The same values in dense storage (K is V kept)."""
-        k = self.k.contiguous()
-        return self.with_tensors(q=self.q.contiguous(), k=k, v=k if self.v is self.k else self.v.contiguous())

@@ -1,23 +1,19 @@
 """Every law of the contract, in one list: `LAWS`, by name. Adding a law is one decorated
-function in laws.py (dense keys) or paged_laws.py (paged and sparse caches): its test, the kill
+function in dense_laws.py (dense keys) or paged_laws.py (paged and sparse caches): its test, the kill
 matrix's columns, `fmha.ci.verify`'s fast pass and docs/laws.md follow from the record."""
 
 from __future__ import annotations
 
 import importlib
 
-from fmha.properties.law import Law
+from fmha.properties.law_record import Law
 
-# By import_module, not `from fmha.properties import laws`: a session that unloaded the modules
+# By import_module, not `from fmha.properties import dense_laws`: a session that unloaded the modules
 # (pytester's in-process runs do) would find the package's stale attribute, whose records are
 # of the old Law class.
-MODULES = [importlib.import_module(f"fmha.properties.{name}") for name in ("laws", "paged_laws")]
+MODULES = [importlib.import_module(f"fmha.properties.{name}") for name in ("dense_laws", "paged_laws")]
 LAWS: dict[str, Law] = {law.name: law for module in MODULES for law in vars(module).values() if isinstance(law, Law)}
 
-
-def law_of_test(test: str) -> Law | None:
-    """The law whose pytest test is `test` (known-failure records name tests)."""
-    return next((law for law in LAWS.values() if law.test == test), None)
 
 
 def markdown() -> str:
@@ -33,7 +29,7 @@ def markdown() -> str:
             "Generated from the law records (`python -m fmha.properties.catalog > docs/laws.md`; "
             "tests/test_law_mutants.py checks it is current). Each law runs as its own test in "
             "properties/test_laws.py for every selected kernel that has what it needs, and is proven on its mutant "
-            "(fmha.regressions.law_mutants) by tests/test_law_mutants.py.\n\n" + table.markdown() + "\n")
+            "(`--fmha-kernel mutant:NAME`, fmha.regressions.mutants) by tests/test_law_mutants.py.\n\n" + table.markdown() + "\n")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,15 @@ from __future__ import annotations
 import torch
 from hypothesis import assume
 
-from fmha.oracles import key_sources, reference
+from fmha.oracles import reference
+from fmha.oracles.oracle import Paged, attention
 from fmha.oracles.check import oracle_of
 from fmha.contract.cache_layouts import pages_of
-from fmha.contract.pages import page_and_offset, slot
-from fmha.oracles.sample import Inputs, Sample
-from fmha.properties.law import Law, assert_agrees, assert_same, law, variant
-from fmha.properties.laws import agrees_with_oracle, refilled_buffers_give_the_new_answer
+from fmha.contract.slots import page_and_offset, slot
+from fmha.oracles.inputs import Inputs
+from fmha.oracles.sample import Sample
+from fmha.properties.law_record import Law, assert_agrees, assert_same, law, variant
+from fmha.properties.dense_laws import agrees_with_oracle, refilled_buffers_give_the_new_answer
 
 NAN = float("nan")
 
@@ -46,7 +48,7 @@ def _moved_slots(indices: torch.Tensor, perm: torch.Tensor, block_size: int) -> 
     return torch.where(indices < 0, -1, moved).to(torch.int32)
 
 
-@law(test="test_moving_physical_pages_changes_nothing", mutant="contiguous_pages", draws="paged",
+@law(test="test_moving_physical_pages_changes_nothing", mutant="contiguous-pages", draws="paged",
      exact_under="bitwise_deterministic")
 def pages_permuted_change_nothing(kernel, sample: Sample, device):
     """Moving physical pages (and pointing the block table or the indices at their new
@@ -71,7 +73,7 @@ def pages_permuted_change_nothing(kernel, sample: Sample, device):
                 f"{kernel.name} {sample.id}: physical pages moved", x)
 
 
-@law(test="test_unread_slots_pages_and_bytes_leak_nothing", mutant="whole_last_page", draws="paged",
+@law(test="test_unread_slots_pages_and_bytes_leak_nothing", mutant="whole-last-page", draws="paged",
      exact_under="bitwise_deterministic")
 def unread_storage_leaks_nothing(kernel, sample: Sample, device):
     """Every slot, page and byte nothing reads holds NaN, then a huge finite value: the
@@ -82,7 +84,7 @@ def unread_storage_leaks_nothing(kernel, sample: Sample, device):
                 f"{kernel.name} {sample.id}: unread storage NaN vs huge", x)
 
 
-@law(test="test_an_invalid_index_equals_its_absence", mutant="minus_one_counts", draws="paged",
+@law(test="test_an_invalid_index_equals_its_absence", mutant="minus-one-counts", draws="paged",
      sources=("sparse",), exact_under="bitwise_deterministic")
 def an_invalid_index_equals_its_absence(kernel, sample: Sample, device):
     """Indices of -1 appended to every row, and entries past topk_len replaced by -1, change
@@ -104,7 +106,7 @@ def an_invalid_index_equals_its_absence(kernel, sample: Sample, device):
                 f"{kernel.name} {sample.id}: -1 appended (and past topk_len)", x)
 
 
-@law(test="test_a_paged_request_alone_equals_its_rows_in_the_batch", mutant="batch_drops_last_key",
+@law(test="test_a_paged_request_alone_equals_its_rows_in_the_batch", mutant="batch-drops-last-key",
      draws="paged", sources=("paged",), exact_under="batch_invariant")
 def a_request_alone_equals_its_rows_in_the_batch(kernel, sample: Sample, device):
     """A paged request called alone gives the rows it has in the batch (ragged too)."""
@@ -129,13 +131,13 @@ def a_request_alone_equals_its_rows_in_the_batch(kernel, sample: Sample, device)
 def _alone_inputs(x: Inputs, r: int, alone: dict) -> Inputs:
     """Inputs whose oracle is request r's (for the verdict when nothing is promised)."""
     source = x.oracle_sources[0]
-    one = key_sources.Paged(source.k_cache, source.v_cache, alone["block_table"], alone["kv_lens"])
+    one = Paged(source.k_cache, source.v_cache, alone["block_table"], alone["kv_lens"])
     sample = x.sample.replace(batch=1, kv_lens=None, q_lens=None)
     args = {**x.source_args, **{name: value for name, value in alone.items() if name != "q"}}
     return Inputs(sample, alone["q"], x.k, x.v, x.sink, args, [one])
 
 
-@law(test="test_two_scopes_equal_the_merge_of_each_scope", mutant="sink_per_scope", draws="paged",
+@law(test="test_two_scopes_equal_the_merge_of_each_scope", mutant="sink-per-scope", draws="paged",
      sources=("sparse",), needs=("two_scopes", "lse"))
 def two_scopes_equal_the_merge_of_each(kernel, sample: Sample, device):
     """One softmax over both scopes with the sink, and the D5 merge with the sink of each
@@ -154,7 +156,7 @@ def two_scopes_equal_the_merge_of_each(kernel, sample: Sample, device):
     oracle = oracle_of(x)  # after every kernel call: no float64 answer exists while a kernel runs
     assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: both scopes in one call", lse, oracle.lse, oracle)
     merged_o, merged_lse = reference.merge([main, extra], sink=x.sink)
-    exact = [key_sources.attention(x.q, [source], scale=sample.scale) for source in x.oracle_sources]
+    exact = [attention(x.q, [source], scale=sample.scale) for source in x.oracle_sources]
     perfect_o = reference.merge([(part_o.to(p.dtype), part_lse) for part_o, part_lse in exact], sink=x.sink)[0]
     assert_agrees(merged_o.to(p.dtype), oracle.o, f"{kernel.name} {sample.id}: each scope alone, merged",
                   merged_lse.float(), oracle.lse, oracle, perfect_o=perfect_o.to(p.dtype))
@@ -164,7 +166,7 @@ def _power_of_two(n: int) -> bool:
     return n & (n - 1) == 0
 
 
-@law(test="test_another_block_size_changes_nothing", mutant="power_of_two_pages", draws="paged")
+@law(test="test_another_block_size_changes_nothing", mutant="power-of-two-pages", draws="paged")
 def block_size_changes_nothing(kernel, sample: Sample, device):
     """The same keys in pages of another size give the same answer (within the verdict: a
     kernel may tile by page). A power of two is compared with a size that is not, and back:
@@ -184,7 +186,7 @@ def block_size_changes_nothing(kernel, sample: Sample, device):
                   lse, oracle_of(x))
 
 
-@law(test="test_reordering_a_rows_indices_changes_nothing", mutant="last_index_dropped", draws="paged",
+@law(test="test_reordering_a_rows_indices_changes_nothing", mutant="last-index-dropped", draws="paged",
      sources=("sparse",))
 def index_order_changes_nothing(kernel, sample: Sample, device):
     """Each row's indices (the first topk_len of them) in another order: the same keys."""
@@ -206,7 +208,7 @@ def index_order_changes_nothing(kernel, sample: Sample, device):
     assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: indices reordered", lse, oracle.lse, oracle)
 
 
-@law(test="test_sparse_rows_over_their_keys_equal_the_dense_call", mutant="last_index_dropped",
+@law(test="test_sparse_rows_over_their_keys_equal_the_dense_call", mutant="last-index-dropped",
      draws="paged", sources=("sparse",), needs=("dense",))
 def sparse_over_its_keys_equals_dense(kernel, sample: Sample, device):
     """Index-sparse rows that each read all of their request's keys (no -1, no topk_len)
@@ -238,33 +240,33 @@ def _agreement(label: str, test: str, mutant: str, sources: tuple[str, ...], nee
 
 
 paged_calls_agree_with_the_oracle = _agreement(
-    "paged_calls_agree_with_the_oracle", "test_a_paged_call_agrees_with_the_oracle", "causal_from_the_first_key",
+    "paged_calls_agree_with_the_oracle", "test_a_paged_call_agrees_with_the_oracle", "causal-from-the-first-key",
     ("paged",), (), "A paged call (pages shuffled and shared, a kv length per request, windows over pages) agrees "
     "with the float64 oracle under the verdict.")
 ragged_calls_agree_with_the_oracle = _agreement(
-    "ragged_calls_agree_with_the_oracle", "test_a_ragged_call_agrees_with_the_oracle", "zero_query_request_shifts_rows",
+    "ragged_calls_agree_with_the_oracle", "test_a_ragged_call_agrees_with_the_oracle", "zero-query-request-shifts-rows",
     ("paged",), ("ragged",), "A ragged batch (decodes and prefills, requests with no query rows anywhere, kv "
     "lengths drawn with each request's rows) agrees with the float64 oracle under the verdict.")
 sparse_calls_agree_with_the_oracle = _agreement(
     "sparse_calls_agree_with_the_oracle", "test_an_index_sparse_call_agrees_with_the_oracle",
-    "last_slot_unread", ("sparse",), (), "An index-sparse call (-1 anywhere, repeated indices, the cache's "
+    "last-slot-unread", ("sparse",), (), "An index-sparse call (-1 anywhere, repeated indices, the cache's "
     "last slot, topk_len) agrees with the float64 oracle under the verdict.")
 two_scope_calls_agree_with_the_oracle = _agreement(
-    "two_scope_calls_agree_with_the_oracle", "test_a_two_scope_call_agrees_with_the_oracle", "topk_len_zero_reads_all",
+    "two_scope_calls_agree_with_the_oracle", "test_a_two_scope_call_agrees_with_the_oracle", "topk-len-zero-reads-all",
     ("sparse",), ("two_scopes",), "A call over two scopes (one of them read not at all, now and then) agrees with the "
     "float64 oracle under the verdict.")
 fp8_cache_calls_agree_with_the_oracle = _agreement(
     "fp8_cache_calls_agree_with_the_oracle", "test_a_call_over_an_fp8_cache_agrees_with_the_oracle",
-    "fp8_subnormals_flushed", ("paged", "sparse"), ("dsv4-fp8",), "A call over a dsv4-fp8 cache, paged or "
+    "fp8-subnormals-flushed", ("paged", "sparse"), ("dsv4-fp8",), "A call over a dsv4-fp8 cache, paged or "
     "index-sparse (codes across the whole range, subnormal ones beside an outlier, scales toward either end) agrees "
     "with the oracle over the decoded keys.")
 fp4_cache_calls_agree_with_the_oracle = _agreement(
     "fp4_cache_calls_agree_with_the_oracle", "test_a_call_over_an_fp4_cache_agrees_with_the_oracle",
-    "fp4_halves_flushed", ("paged", "sparse"), ("dsv4-fp4",), "A call over a dsv4-fp4 cache, paged or index-sparse "
+    "fp4-halves-flushed", ("paged", "sparse"), ("dsv4-fp4",), "A call over a dsv4-fp4 cache, paged or index-sparse "
     "(every e2m1 code, scales toward either end) agrees with the oracle over the decoded keys.")
 
 refilled_caches_give_the_new_answer = Law(
     check=refilled_buffers_give_the_new_answer.check, label="refilled_caches_give_the_new_answer",
-    test="test_the_same_caches_and_tables_refilled_give_the_new_answer", mutant="paged_cached_by_address",
+    test="test_the_same_caches_and_tables_refilled_give_the_new_answer", mutant="paged-cached-by-address",
     draws="paged", sources=("paged", "sparse"), doc="The same caches, tables and indices, refilled in place with another draw's values, give "
     "that draw's answer: a kernel that caches its results (or a plan) by address or by shape fails.")

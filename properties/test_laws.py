@@ -9,7 +9,7 @@ sample, a command that reruns it and the @example that pins it.
 import pytest
 
 from fmha.properties.catalog import LAWS
-from fmha.properties.law import Law
+from fmha.properties.law_record import Law
 from fmha.properties.run_settings import law_settings, reproduce_command
 
 pytestmark = pytest.mark.property

@@ -1,10 +1,10 @@
 """Command line of the trap library.
 
     python -m fmha.regressions list
-    python -m fmha.regressions matrix [--fmha-device cpu] [--out docs/kill-matrix.md] [--jobs N] [--fresh] \\
-        [--fmha-cases DIR]
-    python -m fmha.regressions new <id> --reproducer "Sample(problem=Problem(...), ...)" --seeds "..." \\
-        --symptom "..." --root-cause "..." [--mutant module:attr] [--kernel module:attr] [--dir DIR]
+    python -m fmha.regressions matrix [--fmha-kernel NAME ...] [--fmha-device cpu] [--out docs/kill-matrix.md] \\
+        [--jobs N] [--fresh] [--fmha-cases DIR]
+    python -m fmha.regressions new <id> --reproducer "Sample(problem=Problem(...), ...)" --seed-logs "..." \\
+        --symptom "..." --root-cause "..." [--mutant mutant:NAME|module:attr] [--fmha-kernel module:attr] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
-
-from fmha import registry
+from fmha.regressions import selection
 from fmha.regressions.scaffold import TRAPS_DIR
 
 
@@ -39,10 +37,16 @@ def _default_cases_dir() -> str:
     return TRAPS_DIR if _in_checkout() else "fmha_cases"
 
 
+def _usage_error(command: str, e: Exception) -> int:
+    """A bad argument, as argparse says one (exit status 2, no traceback)."""
+    print(f"python -m fmha.regressions {command}: error: {e}", file=sys.stderr)
+    return 2
+
+
 def _list(_args) -> int:
-    from fmha.regressions.traps import MUTANTS, TRAPS
+    from fmha.regressions.traps import MUTANTS_OF, TRAPS
     for trap in TRAPS.values():
-        mutants = [m.name for m in MUTANTS.values() if m.trap == trap.id] or ["(no mutant)"]
+        mutants = [m.name for m in MUTANTS_OF[trap.id]] or ["(no mutant)"]
         print(f"{trap.id}  {trap.origin}: {trap.symptom}")
         for case in trap.cases:
             print(f"    case {case.id}: {case.name}")
@@ -52,13 +56,12 @@ def _list(_args) -> int:
 
 def _matrix(args) -> int:
     from fmha.regressions import kill_matrix, traps
-    device = args.fmha_device or ("cuda" if torch.cuda.is_available() else "cpu")
-    kernels = registry.selected_kernels(args.fmha_kernel, device)
+    device = args.fmha_device
     try:
         traps.load_directories(args.fmha_cases)
+        kernels = selection.kernels(args.fmha_kernel, device)
     except ValueError as e:
-        print(f"regressions matrix: {e}", file=sys.stderr)
-        return 2
+        return _usage_error("matrix", e)
     # fmha's own rows ship with the package (ROWS): a run anywhere recomputes only the rows
     # whose inputs differ from them (a kernel author's traps, an edited law) and keeps its
     # own rows beside OUT; in fmha's checkout ROWS itself is kept up to date.
@@ -92,20 +95,23 @@ def _matrix(args) -> int:
 def _new(args) -> int:
     from fmha.regressions.scaffold import new_trap
     try:
+        if args.mutant:
+            selection.resolve_kernel(args.mutant)  # a name nothing answers to is refused now, not when the case runs
         os.makedirs(args.dir, exist_ok=True)
-        path = new_trap(args.id, args.reproducer, seeds=args.seeds, symptom=args.symptom, root_cause=args.root_cause,
+        path = new_trap(args.id, args.reproducer, seed_logs=args.seed_logs, symptom=args.symptom, root_cause=args.root_cause,
                         why=args.why, mutant=args.mutant, directory=args.dir)
     except (ValueError, OSError) as e:
-        print(f"regressions new: {e}", file=sys.stderr)
-        return 2
+        return _usage_error("new", e)
     if os.path.realpath(args.dir) == os.path.realpath(TRAPS_DIR):
         run = f"pytest regressions -k {args.id}"
     else:
         run = f"pytest --pyargs fmha --fmha-cases {shlex.quote(os.path.relpath(args.dir))} -k {args.id}"
     lines = [f"wrote {os.path.relpath(path)}"]
+    device = f" --fmha-device {args.fmha_device}" if args.fmha_device else ""
     if args.mutant:
-        lines.append(f"it catches the bug:  {run} --fmha-kernel {args.mutant}    (fails)")
-    lines.append(f"run it on your kernel: {run} --fmha-kernel {args.kernel or 'YOUR_MODULE:FUNCTION'}")
+        lines.append(f"it catches the bug:  {run} --fmha-kernel {shlex.quote(args.mutant)}{device}    (fails)")
+    kernels = " ".join(f"--fmha-kernel {shlex.quote(k)}" for k in args.fmha_kernel) or "--fmha-kernel YOUR_MODULE:FUNCTION"
+    lines.append(f"run it on your kernel: {run} {kernels}{device}")
     if not args.mutant:
         lines.append("prove it: until the trap names a kernel with exactly this bug (--mutant, or MUTANTS in the "
                      "file), its cases are a failure of the suite")
@@ -120,9 +126,8 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="the traps, their cases and mutants").set_defaults(run=_list)
 
     matrix = sub.add_parser("matrix", help="compute the kill matrix and write it as Markdown")
-    matrix.add_argument("--fmha-device", choices=("cpu", "cuda"), default=None)
-    matrix.add_argument("--fmha-kernel", action="append", default=[], metavar="NAME|module:attr",
-                        help="correct kernels that must pass every case (default: the registry's for the device)")
+    selection.add_options(matrix.add_argument, "the correct kernels: every registered kernel that runs on the device "
+                                               "by default, each of which must pass every named case")
     matrix.add_argument("--law-examples", type=int, default=6, help="hypothesis draws per law and mutant")
     matrix.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="mutants run in parallel processes (default: one per core)")
@@ -138,18 +143,23 @@ def main(argv=None) -> int:
     new.add_argument("id", help="kebab-case trap id, e.g. lse-base-two")
     new.add_argument("--reproducer", required=True,
                      help="the shrunk sample the property suite printed: 'Sample(problem=Problem(...), ...)' or 'Problem(...)'")
-    new.add_argument("--seeds", required=True, help="where the bug is documented (seed log, issue, commit)")
+    new.add_argument("--seed-logs", required=True, help="where the bug is documented (seed log, issue, commit)")
     new.add_argument("--symptom", required=True, help="what a user sees")
     new.add_argument("--root-cause", required=True, help="what is wrong in the kernel (or 'unknown yet')")
     new.add_argument("--why", default="", help="what about the reproducer exposes the bug")
-    new.add_argument("--mutant", default="", metavar="module:attr", help="a kernel with exactly this bug")
-    new.add_argument("--kernel", default="", metavar="module:attr", help="your kernel, for the commands printed")
+    new.add_argument("--mutant", default="", metavar="mutant:NAME|module:attr", help="a kernel with exactly this bug")
+    selection.add_options(new.add_argument, "YOUR_MODULE:FUNCTION (your kernel, for the commands printed)")
     new.add_argument("--dir", default=None,
                      help="where to write it (default: the trap library in fmha's checkout, else ./fmha_cases); "
                           "pytest --pyargs fmha --fmha-cases DIR runs it")
     new.set_defaults(run=_new)
 
     args = parser.parse_args(argv)
+    if args.command == "matrix":
+        try:
+            args.fmha_device = selection.device(args.fmha_device)
+        except ValueError as e:
+            matrix.error(str(e))
     if getattr(args, "dir", "") is None:
         args.dir = _default_cases_dir()
     if args.command == "matrix" and args.out is None:

@@ -13,7 +13,7 @@ it is empty.
 
 from __future__ import annotations
 
-from fmha.regressions.mutation import Mutant, patched_cuda_sparse_kernel
+from fmha.regressions.mutation import Mutant, cuda_only, patched_cuda_sparse_kernel
 from fmha.regressions.paged_cases import SPARSE, TWO_SCOPES
 from fmha.regressions.trap import reproducer
 
@@ -25,7 +25,7 @@ CLUSTER_CASES = (
                seed=4, why="96 heads over FP8 and FP4 scopes: a cluster whose second CTA has 32 rows"),
 )
 
-MUTANTS = (
+CUDA_MUTANTS = cuda_only(
     Mutant(
         "cuda-sparse-peer-wrong-half", "smem-stride",
         "each CTA's bulk copy lands in the peer's own half of the tile: half of every tile the consumers read is stale",

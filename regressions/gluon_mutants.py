@@ -4,13 +4,13 @@ into their code, each with the trap it belongs to; the head-dim-512 reproducers 
 the trap's own cases (sparse) must catch them.
 
 They live apart from the kill matrix, which runs on the CPU where Gluon cannot:
-regressions/test_gluon_mutants.py runs them on a Hopper GPU (the GPU tier).
+tests/test_gluon_mutants.py runs them on a Hopper GPU (the GPU tier).
 """
 
 from __future__ import annotations
 
 from fmha.contract import Problem
-from fmha.regressions.mutation import Mutant, patched_gluon_kernel, patched_gluon_sparse_kernel
+from fmha.regressions.mutation import Mutant, cuda_only, patched_gluon_kernel, patched_gluon_sparse_kernel
 from fmha.regressions.trap import reproducer
 
 # The trap reproducers in the Gluon kernel's shapes: DSV4 decode with a ragged last key tile,
@@ -22,7 +22,7 @@ CASES = (
                why="causal GQA, two KV heads, sink"),
 )
 
-MUTANTS = (
+GLUON_DENSE_MUTANTS = cuda_only(
     Mutant(
         "gluon-multi-tile-rescale", "multi-tile-rescale",
         "warpgroup 1 never rescales its half of the accumulator when the running max grows",
@@ -55,7 +55,7 @@ MUTANTS = (
 
 # The sparse-decode kernel's: each is caught by its contract-v2 trap's cases (hd512, K = V,
 # FP8 and FP4 caches), which the kernel runs.
-SPARSE_MUTANTS = (
+GLUON_SPARSE_MUTANTS = cuda_only(
     Mutant(
         "gluon-sparse-minus-one-is-slot-0", "minus-one-is-slot-0",
         "the gather clamps a slot of -1 to 0 and reads it as a key",

@@ -19,7 +19,8 @@ import multiprocessing
 
 import torch
 
-from fmha.oracles.sample import Inputs, Sample
+from fmha.oracles.inputs import Inputs
+from fmha.oracles.sample import Sample
 from fmha.regressions.isolation import START_TIMEOUT_S, describe_exit
 
 GUARDED = ("block_table", "kv_lens", "cu_seqlens_q", "indices", "topk_len", "extra_indices", "extra_topk_len",
@@ -67,9 +68,9 @@ def guard(x: Inputs, names=GUARDED) -> Inputs:
 
 
 def _child(conn, kernel_spec: str, samples: list[Sample], names) -> None:
-    from fmha.regressions.mutants import resolve
+    from fmha.regressions.selection import resolve_kernel
 
-    kernel = resolve(kernel_spec)
+    kernel = resolve_kernel(kernel_spec)
     conn.send(("ready", None))
     for i, sample in enumerate(samples):
         x = guard(exact(sample.inputs("cpu")), names)
@@ -85,7 +86,7 @@ def _context():
     """Children forked from a server that has imported torch and fmha once: a crash costs a
     fork, not an interpreter's start."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "fmha.regressions.guarded_reads", "fmha.regressions.mutants"])
+    context.set_forkserver_preload(["torch", "fmha.regressions.guarded_reads", "fmha.regressions.selection"])
     return context
 
 

@@ -30,10 +30,10 @@ def _case(cases: str, index: int):
 
 
 def _child(conn, kernel_spec: str, cases: str, case_index: int, device: str) -> None:
-    from fmha.regressions.mutants import resolve
+    from fmha.regressions.selection import resolve_kernel
     from fmha.regressions.trap import check_case
 
-    kernel = resolve(kernel_spec)
+    kernel = resolve_kernel(kernel_spec)
     case, symptoms = _case(cases, case_index)
     conn.send(("ready", None))
     try:
@@ -55,7 +55,7 @@ def check_case_isolated(kernel_spec: str, cases: str, case_index: int, device: s
                         timeout_s: float | None = None) -> list[str]:
     """check_case in a spawned child: its failures, or one failure naming the hang or crash.
 
-    `kernel_spec` is anything regressions.mutants.resolve takes: a registry name, a
+    `kernel_spec` is anything --fmha-kernel takes (regressions.selection): a registry name, a
     'module:attr' path, or 'mutant:<name>'. `cases` is a trap's id or the 'module:attr' path
     of a tuple of samples; `case_index` picks one.
     """

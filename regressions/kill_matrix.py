@@ -1,7 +1,7 @@
 """The kill matrix: which checks catch which mutant, and whether the correct kernels pass
 every named case. `python -m fmha.regressions matrix` writes it to docs/kill-matrix.md, so a gap
 (a bug only its own case catches, or one nothing catches) is visible; CI asserts the part
-that must hold (regressions/test_kill_matrix.py).
+that must hold (tests/test_kill_matrix.py).
 """
 
 from __future__ import annotations
@@ -19,19 +19,20 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from fmha.contract import KernelEntry, cache_layouts, pages
+from fmha.contract import KernelEntry, cache_layouts, slots
 from fmha.kernels import host, triton_dense
-from fmha.oracles import key_sources, metrics, paging, quantization, reference_kernel, verdict
-from fmha.properties import laws, paged_laws, paged_strategies, strategies
+from fmha.oracles import metrics, oracle, paged_inputs, quantization, reference_kernel, verdict
+from fmha.properties import dense_laws, paged_laws, paged_strategies, strategies
 from fmha.properties.catalog import LAWS
-from fmha.properties.law import Law
+from fmha.properties.law_record import Law
 from fmha.registry import MERGES
 from fmha.regressions import paged_cases, paged_mutants
+from fmha.regressions.mutants import trap_mutants
 from fmha.tables import Table
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.mutation import Mutant
 from fmha.regressions.trap import Trap, check_case
-from fmha.regressions.traps import MUTANTS, TRAP_FILES, TRAPS, load_directories
+from fmha.regressions.traps import TRAP_FILES, TRAPS, load_directories
 
 # Every row computed for fmha's own mutants, keyed by what it depends on (row_key): shipped
 # with the package, so a run anywhere recomputes only what changed.
@@ -61,7 +62,7 @@ def laws_for(trap: Trap) -> tuple:
 
 
 # A v2 mutant is the eager float64 reference with one bug: its laws cost seconds, not the
-# interpreter's minutes, so they get the draws tests/test_source_law_mutants.py gives them.
+# interpreter's minutes, so they get the draws tests/test_law_mutants.py gives them.
 V2_LAW_EXAMPLES = 20
 
 
@@ -100,10 +101,11 @@ class Row:
 
 
 def mutant_row(name: str, device: str, law_examples: int) -> Row:
+    """The row of trap mutant `name` (by name: rows are computed in spawned processes)."""
     start = time.perf_counter()
-    mutant = MUTANTS[name]
+    mutant = trap_mutants()[name]
     trap = TRAPS[mutant.trap]
-    row = Row(name, [(case_failures(mutant, trap, i, device) or ["(passed)"])[0] for i in range(len(trap.cases))])
+    row = Row(mutant.name, [(case_failures(mutant, trap, i, device) or ["(passed)"])[0] for i in range(len(trap.cases))])
     if mutant.isolate:
         row.note = f"{ {'hang': 'hangs', 'crash': 'crashes'}[mutant.isolate]} its process: run isolated, on its own cases only"
     else:
@@ -123,15 +125,15 @@ def mutant_row(name: str, device: str, law_examples: int) -> Row:
     return row
 
 
-def row_key(name: str, law_examples: int) -> str:
+def row_key(mutant: Mutant, law_examples: int) -> str:
     """Changes when anything a row depends on changes: the trap module (cases and mutant),
     the kernel it patches, the laws, the verdict they apply or the number of draws. Not the
     device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
-    trap = TRAPS[MUTANTS[name].trap]
-    judged_by = (paged_mutants, paged_cases, reference_kernel, paged_laws, paged_strategies, key_sources, paging,
-                 quantization, cache_layouts, pages) if is_v2(trap) else (triton_dense, host, laws, strategies)
+    trap = TRAPS[mutant.trap]
+    judged_by = (paged_mutants, paged_cases, reference_kernel, paged_laws, paged_strategies, oracle, paged_inputs,
+                 quantization, cache_layouts, slots) if is_v2(trap) else (triton_dense, host, dense_laws, strategies)
     parts = [TRAP_FILES[trap.id], *(inspect.getsourcefile(m) for m in (*judged_by, Law, metrics, verdict))]
-    digest = hashlib.sha1(f"{name} {examples_for(trap, law_examples)}".encode())
+    digest = hashlib.sha1(f"{mutant.name} {examples_for(trap, law_examples)}".encode())
     for path in parts:
         with open(path, "rb") as f:
             digest.update(f.read())
@@ -139,14 +141,15 @@ def row_key(name: str, law_examples: int) -> str:
 
 
 def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = None, progress=print,
-          cases_dirs: tuple[str, ...] = ()) -> list[Row]:
-    """One row per mutant, reusing rows in `cache` whose key still matches (the cache is
-    updated in place); with jobs > 1, mutants run in parallel child processes, which load the
-    traps of `cases_dirs` (--fmha-cases) as this process has."""
+          cases_dirs: tuple[str, ...] = (), mutants: dict[str, Mutant] | None = None) -> list[Row]:
+    """One row per trap mutant (or per one of `mutants`), reusing rows in `cache` whose key
+    still matches (the cache is updated in place); with jobs > 1, mutants run in parallel child
+    processes, which load the traps of `cases_dirs` (--fmha-cases) as this process has."""
     cache = {} if cache is None else cache
-    keys = {name: row_key(name, law_examples) for name in MUTANTS}
+    mutants = trap_mutants() if mutants is None else mutants
+    keys = {name: row_key(mutant, law_examples) for name, mutant in mutants.items()}
     stale = [name for name, key in keys.items() if cache.get(name, {}).get("key") != key]
-    progress(f"{len(stale)} row(s) to compute, {len(MUTANTS) - len(stale)} reused")
+    progress(f"{len(stale)} row(s) to compute, {len(mutants) - len(stale)} reused")
     start = time.perf_counter()
     jobs = min(jobs, len(stale))
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=load_directories,
@@ -157,9 +160,9 @@ def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = No
             progress(f"[{done}/{len(stale)}, {time.perf_counter() - start:.0f} s] {row.mutant}: own cases "
                      f"{'caught' if all(f != '(passed)' for f in row.own) else 'MISSED'}, "
                      f"{len(row.laws_caught)}/{row.laws_run} laws ({row.seconds:.0f} s)")
-    for name in set(cache) - set(MUTANTS):
+    for name in set(cache) - set(mutants):
         del cache[name]
-    return [Row(**cache[name]["row"]) for name in MUTANTS]
+    return [Row(**cache[name]["row"]) for name in mutants]
 
 
 def correct_kernel_failures(kernels: list[KernelEntry], device: str, progress=print) -> dict[str, list[str]]:
@@ -192,15 +195,16 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
         "put back (regressions/traps/). CI asserts the diagonal (every mutant fails every case of its",
         "own trap) and that correct kernels pass every case (tests/test_kill_matrix.py, regressions/test_traps.py); this page shows",
         "what else catches each bug, including the generic property suite (the metamorphic laws of",
-        "properties/laws.py, or for a contract-v2 trap those of properties/paged_laws.py; first",
+        "properties/dense_laws.py, or for a contract-v2 trap those of properties/paged_laws.py; first",
         f"counterexample of a few hypothesis draws each, {V2_LAW_EXAMPLES} for a v2 law). A v2 mutant is the float64",
         "reference kernel with one paged or sparse bug (regressions/paged_mutants.py).",
         "",
     ]
     table = Table(["mutant", "bug", "its own trap's cases", "other traps' cases that catch it",
                    "property laws that catch it"])
+    mutants = trap_mutants()
     for r in rows:
-        mutant = MUTANTS[r.mutant]
+        mutant = mutants[r.mutant]
         own = "; ".join(f.split(":")[0] for f in r.own)
         caught_all = all(f != "(passed)" for f in r.own)
         laws_cell = r.note or (f"{len(r.laws_caught)}/{r.laws_run}: " + ", ".join(r.laws_caught) if r.laws_caught

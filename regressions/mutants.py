@@ -1,41 +1,67 @@
-"""Mutant kernels as plug-ins, so any part of the suite can run against one:
+"""Every mutant, by name: the one registry of `Mutant` records (fmha.regressions.mutation).
 
-    pytest properties --fmha-kernel regressions.mutants:normalize_twice
+A mutant is a kernel with one known bug and what proves the suite catches it: the trap whose
+cases must fail it, the laws that name it (`Law.mutant`), the GPU tests of the kernel it was
+patched from. They come from
 
-Attribute names are mutant names with '_' for '-'. `resolve` also takes 'mutant:<name>' (any
-of fmha's mutants, the GPU kernels' too) and anything fmha.registry.resolve_kernel takes.
+- the trap library (each trap module's MUTANTS; a kernel author's `--fmha-cases DIR` adds
+  theirs when it loads),
+- fmha.regressions.eager_mutants (the dense laws'), fmha.regressions.paged_mutants (contract
+  v2's, some of them a trap's too),
+- fmha.regressions.gluon_mutants and fmha.regressions.cuda_mutants (Hopper only).
+
+Any of them runs as a kernel, by one spelling: `--fmha-kernel mutant:NAME`.
 """
 
 from __future__ import annotations
 
-from fmha.contract import KernelEntry
-from fmha.registry import resolve_kernel
+import difflib
+from typing import Iterator, Mapping
 
-# regressions.traps is imported inside the functions: a trap module may itself use resolve()
-# for its mutant, while the trap modules are still being loaded.
+from fmha.regressions import cuda_mutants, eager_mutants, gluon_mutants, paged_mutants, traps
+from fmha.regressions.mutation import Mutant
 
-
-def resolve(spec: str) -> KernelEntry:
-    if spec.startswith("mutant:"):
-        return every_mutant()[spec.removeprefix("mutant:")].kernel()
-    return resolve_kernel(spec)
+FAMILIES = (eager_mutants.EAGER_MUTANTS, paged_mutants.PAGED_MUTANTS, gluon_mutants.GLUON_DENSE_MUTANTS,
+            gluon_mutants.GLUON_SPARSE_MUTANTS, cuda_mutants.CUDA_MUTANTS)
 
 
-def every_mutant() -> dict:
-    """Name -> mutant: the traps' and the GPU kernels' (regressions.gluon_mutants and
-    regressions.cuda_mutants, which live apart from the kill matrix)."""
-    from fmha.regressions import cuda_mutants, gluon_mutants
-    from fmha.regressions.traps import MUTANTS
+class _Registry(Mapping):
+    """Name -> Mutant, read when asked, so that traps loaded later (--fmha-cases) are in it. A
+    record may be listed twice (a paged mutant is also its trap's); two records of one name are
+    an error."""
 
-    gpu = (*gluon_mutants.MUTANTS, *gluon_mutants.SPARSE_MUTANTS, *cuda_mutants.MUTANTS)
-    return {**MUTANTS, **{mutant.name: mutant for mutant in gpu}}
+    def _records(self) -> dict[str, Mutant]:
+        found: dict[str, Mutant] = {}
+        for mutant in (*(m for family in FAMILIES for m in family),
+                       *(m for mutants in traps.MUTANTS_OF.values() for m in mutants)):
+            if found.setdefault(mutant.name, mutant) is not mutant:
+                raise ValueError(f"two mutants are named {mutant.name!r}: {found[mutant.name]!r} and {mutant!r}")
+        return found
+
+    def __getitem__(self, name: str) -> Mutant:
+        return self._records()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records())
+
+    def __len__(self) -> int:
+        return len(self._records())
 
 
-def __getattr__(attr: str) -> KernelEntry:
-    if attr.startswith("__"):  # the import machinery probes dunders (__path__, ...)
-        raise AttributeError(attr)
-    mutants = every_mutant()
-    name = attr.replace("_", "-")
-    if name not in mutants:
-        raise AttributeError(f"no mutant {name!r}; mutants: {', '.join(mutants)}")
-    return mutants[name].kernel()
+MUTANTS: Mapping[str, Mutant] = _Registry()
+
+
+def mutant(name: str) -> Mutant:
+    """The mutant named `name`; an unknown name is a ValueError listing the nearest ones."""
+    records = dict(MUTANTS)
+    if name not in records:
+        near = difflib.get_close_matches(name, records, n=5, cutoff=0.5)
+        hint = f"did you mean {', '.join('mutant:' + n for n in near)}?" if near else (
+            "`python -m fmha.regressions list` shows every trap's; the registry has " + ", ".join(sorted(records)))
+        raise ValueError(f"mutant:{name}: no mutant is named {name!r}; {hint}")
+    return records[name]
+
+
+def trap_mutants() -> dict[str, Mutant]:
+    """Every trap's mutants, by name, in the library's order: the kill matrix's rows."""
+    return {m.name: m for mutants in traps.MUTANTS_OF.values() for m in mutants}

@@ -1,4 +1,5 @@
-"""Mutant kernels: the real kernel with exactly one seed bug put back.
+"""What a mutant is (`Mutant`), and how the mutants of fmha's own kernels are made: the real
+kernel with exactly one seed bug put back.
 
 Where the bug lives in tiling, layout or lanes, the mutant is fmha's own Triton kernel with
 a textual patch applied to its source (as mutation-testing tools do), written to a private
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fmha.kernels import triton_dense
-from fmha.contract import KernelEntry
+from fmha.contract import KernelEntry, MergeEntry
 
 
 class MutationError(RuntimeError):
@@ -30,19 +31,43 @@ class MutationError(RuntimeError):
 
 @dataclass(frozen=True)
 class Mutant:
-    name: str  # unique; the trap id, or the trap id and a flavour
-    trap: str  # the trap whose cases must catch it
-    bug: str  # what this mutant does wrong, in one line
-    build: Callable[[], KernelEntry]  # built on first use (patching and importing takes time)
-    isolate: str = ""  # "hang" or "crash": run only in a killable subprocess (regressions.isolation)
+    """A kernel (or a merge) with one known bug, and what proves the suite catches it. Every kind
+    is this record: a patched copy of fmha's kernels, the eager or float64 reference with one
+    mistake, a user's buggy plug-in; fmha.regressions.mutants lists them all by name."""
 
-    def kernel(self) -> KernelEntry:
-        return _built(self.build)
+    name: str  # unique, kebab-case: `--fmha-kernel mutant:NAME` runs it
+    trap: str  # the trap whose every case must catch it; "" for one that only laws or GPU tests prove
+    bug: str  # what this mutant does wrong, in one line
+    build: Callable[[], KernelEntry | MergeEntry]  # built on first use (patching and importing takes time)
+    isolate: str = ""  # "hang" or "crash": run only in a killable subprocess (regressions.isolation)
+    # The correct kernel it is one bug away from, for the laws it proves (Law.mutant): that one obeys them.
+    twin: Callable[[], KernelEntry | MergeEntry] | None = None
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where it can be built and run (the Gluon and CUDA kernels': cuda)
+
+    def __post_init__(self):
+        if not self.name or self.name != self.name.lower() or "_" in self.name or " " in self.name:
+            raise ValueError(f"mutant name: expected kebab-case like 'normalize-twice', got {self.name!r}")
+        if self.isolate not in ("", "hang", "crash"):
+            raise ValueError(f"mutant {self.name}: isolate is '', 'hang' or 'crash', got {self.isolate!r}")
+
+    def kernel(self) -> KernelEntry | MergeEntry:
+        """The mutant's kernel (or merge), named `mutant:NAME` as the command line names it."""
+        return _built(self.build, f"mutant:{self.name}")
+
+    def correct_twin(self) -> KernelEntry | MergeEntry:
+        if self.twin is None:
+            raise ValueError(f"mutant {self.name} names no correct twin (Mutant.twin)")
+        return self.twin()
+
+
+def cuda_only(*mutants: Mutant) -> tuple[Mutant, ...]:
+    """Mutants of kernels that run on a CUDA GPU alone (Gluon on Hopper, CUDA C++ with nvcc)."""
+    return tuple(dataclasses.replace(m, devices=("cuda",)) for m in mutants)
 
 
 @functools.cache
-def _built(build: Callable[[], KernelEntry]) -> KernelEntry:
-    return build()
+def _built(build: Callable[[], KernelEntry | MergeEntry], name: str) -> KernelEntry | MergeEntry:
+    return dataclasses.replace(build(), name=name)
 
 
 def _mutant_dir() -> str:

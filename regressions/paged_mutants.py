@@ -1,9 +1,10 @@
 """Kernels with the bugs paged and index-sparse kernels have shipped, for contract v2's laws
 and traps to catch. Each is the float64 reference kernel (fmha.oracles.reference_kernel) with one
 mistake, so its failures are that mistake's alone; each claims the reference's capabilities
-and promises. Plug one in like any kernel:
+and promises, and its correct twin is the reference. Each is a `Mutant` of
+fmha.regressions.mutants (with the trap it proves, where one does), run like any kernel:
 
-    pytest --pyargs fmha.properties --fmha-kernel fmha.regressions.paged_mutants:topk_len_ignored
+    pytest --pyargs fmha.properties --fmha-kernel mutant:topk-len-ignored
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 
 import torch
 
-from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, reference
+from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, ENTRY as REFERENCE_ENTRY, reference
 from fmha.contract import KernelEntry
 from fmha.contract import cache_layouts
 from fmha.oracles import quantization
@@ -291,17 +292,30 @@ def softmax_without_the_row_max(q, k, v, *, cache_layout, **kw):
     return o.masked_fill_(overflow.transpose(1, 2)[..., None], math.nan), lse  # in `out` when given
 
 
-_ALL = (one_table_row, whole_last_page, contiguous_pages, power_of_two_pages, batch_drops_last_key, no_keys_nan,
-        minus_one_is_slot_0, minus_one_counts, topk_len_ignored, last_index_dropped, sink_per_scope,
-        fp8_scale_of_the_next_tile, rope_read_as_fp8, fp8_subnormals_flushed, fp4_halves_flushed,
-        scale_exponent_clamped, zero_query_request_shifts_rows, window_one_too_wide, causal_from_the_first_key,
-        repeated_index_counted_once, last_slot_unread, topk_len_zero_reads_all, softmax_without_the_row_max)
-for _fn in _ALL:
-    _fn.capabilities = REFERENCE  # as a plug-in (--fmha-kernel ...:name) it claims what the reference does
-MUTANTS = {fn.__name__: KernelEntry(name=fn.__name__.replace("_", "-"), fn=fn, capabilities=REFERENCE,
-                                    default_devices=(), description=_one_line(fn.__doc__)) for fn in _ALL}
+# mutant -> the trap whose cases it must fail ("" where the laws alone prove it)
+_TRAPS = {
+    one_table_row: "block-table-row-stride", whole_last_page: "last-partial-page",
+    contiguous_pages: "pages-assumed-contiguous", power_of_two_pages: "slots-as-powers-of-two",
+    batch_drops_last_key: "batch-drops-last-key", no_keys_nan: "no-keys-nan",
+    minus_one_is_slot_0: "minus-one-is-slot-0", minus_one_counts: "invalid-index-counted",
+    topk_len_ignored: "topk-len-ignored", last_index_dropped: "last-index-dropped", sink_per_scope: "sink-per-scope",
+    fp8_scale_of_the_next_tile: "fp8-scale-wrong-tile", rope_read_as_fp8: "rope-read-as-fp8",
+    fp8_subnormals_flushed: "", fp4_halves_flushed: "", scale_exponent_clamped: "",
+    zero_query_request_shifts_rows: "zero-query-request", window_one_too_wide: "", causal_from_the_first_key: "",
+    repeated_index_counted_once: "", last_slot_unread: "", topk_len_zero_reads_all: "",
+    softmax_without_the_row_max: "large-key-scales",
+}
 
 
-def as_mutant(trap: str, name: str) -> Mutant:
-    """Kernel `name` of this module as the mutant that proves trap `trap`'s cases."""
-    return Mutant(trap, trap, MUTANTS[name].description, lambda: MUTANTS[name])
+def _entry(fn) -> KernelEntry:
+    return KernelEntry(name=fn.__name__, fn=fn, capabilities=REFERENCE, default_devices=())
+
+
+PAGED_MUTANTS = tuple(Mutant(fn.__name__.replace("_", "-"), trap, _one_line(fn.__doc__),
+                             functools.partial(_entry, fn), twin=lambda: REFERENCE_ENTRY)
+                      for fn, trap in _TRAPS.items())
+
+
+def proving(trap: str) -> tuple[Mutant, ...]:
+    """The mutants of this module that trap `trap`'s cases must catch (the trap module's MUTANTS)."""
+    return tuple(m for m in PAGED_MUTANTS if m.trap == trap)

@@ -19,7 +19,7 @@ from fmha.contract import Problem
 TRAPS_DIR = os.path.join(os.path.dirname(__file__), "traps")
 _ID = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
-TEMPLATE = '''"""{id} ({seeds}): {symptom}
+TEMPLATE = '''"""{id} ({seed_logs}): {symptom}
 
 Root cause: {root_cause}
 """
@@ -32,7 +32,7 @@ from fmha.regressions.trap import Trap
 
 TRAP = Trap(
     id={id!r},
-    seeds=({seeds!r},),
+    seed_logs=({seed_logs!r},),
     source={source!r},
     symptom={symptom!r},
     root_cause={root_cause!r},
@@ -44,17 +44,18 @@ TRAP = Trap(
 {mutants}
 '''
 
-MUTANT_FROM_PLUGIN = '''from fmha.regressions.mutants import resolve  # noqa: E402
+MUTANT_FROM_PLUGIN = '''from fmha.regressions.selection import resolve_kernel  # noqa: E402
 from fmha.regressions.mutation import Mutant  # noqa: E402
 
 MUTANTS = (
-    Mutant({id!r}, TRAP.id, {bug!r}, lambda: resolve({spec!r})),
+    Mutant({id!r}, TRAP.id, {bug!r}, lambda: resolve_kernel({spec!r})),
 )'''
 
 NO_MUTANT = '''# Prove the case: add a kernel that has exactly this bug (regressions/mutation.py patches
-# fmha's kernel; or keep the buggy version of yours as a plug-in and resolve() it), e.g.
-#   MUTANTS = (Mutant({id!r}, TRAP.id, "what it does wrong", lambda: resolve("my_pkg.attn:fwd_buggy")),)
-# Until then regressions/test_kill_matrix.py fails: a case never seen failing proves nothing.
+# fmha's kernel; or keep the buggy version of yours as a plug-in), e.g.
+#   from fmha.regressions.selection import resolve_kernel
+#   MUTANTS = (Mutant({id!r}, TRAP.id, "what it does wrong", lambda: resolve_kernel("my_pkg.attn:fwd_buggy")),)
+# Until then tests/test_kill_matrix.py fails: a case never seen failing proves nothing.
 MUTANTS = ()'''
 
 
@@ -79,7 +80,7 @@ def module_path(trap_id: str, directory: str = TRAPS_DIR) -> str:
     return os.path.join(directory, trap_id.replace("-", "_") + ".py")
 
 
-def new_trap(trap_id: str, reproducer: str, *, seeds: str, symptom: str, root_cause: str, why: str = "",
+def new_trap(trap_id: str, reproducer: str, *, seed_logs: str, symptom: str, root_cause: str, why: str = "",
              source: str = "", mutant: str = "", bug: str = "", directory: str = TRAPS_DIR) -> str:
     """Write the trap module; return its path."""
     if not _ID.match(trap_id) or keyword.iskeyword(trap_id.replace("-", "_")):
@@ -89,7 +90,7 @@ def new_trap(trap_id: str, reproducer: str, *, seeds: str, symptom: str, root_ca
         raise ValueError(f"id: {trap_id!r} exists already ({path})")
     case = parse_reproducer(reproducer)
     text = TEMPLATE.format(
-        id=trap_id, seeds=seeds, source=source or f"found by the property suite ({seeds})",
+        id=trap_id, seed_logs=seed_logs, source=source or f"found by the property suite ({seed_logs})",
         symptom=symptom, root_cause=root_cause,
         case=repr(dataclasses.replace(case, name=why or "the shrunk counterexample")),
         mutants=MUTANT_FROM_PLUGIN.format(id=trap_id, bug=bug or symptom, spec=mutant) if mutant

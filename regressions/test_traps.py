@@ -5,7 +5,7 @@ out, or a dense case the kernel does not support, is a skip carrying the reason.
 
 import pytest
 
-from fmha.regressions.traps import MUTANTS, TRAPS, USER_TRAPS, named_cases, run_named_case
+from fmha.regressions.traps import MUTANTS_OF, TRAPS, USER_TRAPS, named_cases, run_named_case
 
 pytestmark = pytest.mark.regression
 
@@ -25,7 +25,7 @@ if USER_TRAPS:  # a kernel author's own traps (--fmha-cases DIR): each case is s
     def test_your_case_fails_on_its_mutant(trap, index, device):
         from fmha.regressions.kill_matrix import case_failures
 
-        mutants = [m for m in MUTANTS.values() if m.trap == trap.id]
+        mutants = MUTANTS_OF[trap.id]
         assert mutants, (f"trap {trap.id} has no mutant: a case never seen failing on its bug proves nothing. Keep the "
                          f"buggy kernel and name it in MUTANTS ({trap.id.replace('-', '_')}.py shows how)")
         passed = [m.name for m in mutants if not case_failures(m, trap, index, device)]

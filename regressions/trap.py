@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 
 from fmha.contract import KernelEntry
-from fmha.oracles.check import judge_run, oracle_of, run_kernel
+from fmha.oracles.check import judge_run, oracle_of
+from fmha.oracles.kernel_call import run_kernel
 from fmha.oracles.sample import Sample
 from fmha.properties.strategies import round_up
 from fmha.contract import Problem
@@ -27,7 +28,7 @@ Symptom = Callable[[torch.Tensor, torch.Tensor, Problem], "str | None"]
 @dataclass(frozen=True)
 class Trap:
     id: str  # kebab-case, e.g. "normalize-twice"
-    seeds: tuple[str, ...]  # the seed logs it comes from, e.g. ("002",); () when `source` says where
+    seed_logs: tuple[str, ...]  # the seed logs it comes from, e.g. ("002",); () when `source` says where
     symptom: str  # what a user sees
     root_cause: str  # what was wrong in the kernel
     cases: tuple[Sample, ...]  # each with its name: what about these inputs exposes the trap
@@ -37,7 +38,7 @@ class Trap:
     @property
     def origin(self) -> str:
         """Where the trap comes from, for messages: ``seed 002`` or its source."""
-        return f"seed {', '.join(self.seeds)}" if self.seeds else self.source
+        return f"seed {', '.join(self.seed_logs)}" if self.seed_logs else self.source
 
     def __post_init__(self):
         for name in ("id", "symptom", "root_cause"):
@@ -45,7 +46,7 @@ class Trap:
                 raise ValueError(f"Trap.{name} is mandatory")
         if not self.cases:
             raise ValueError(f"trap {self.id!r}: needs at least one case")
-        if not self.seeds and self.source == Trap.source:
+        if not self.seed_logs and self.source == Trap.source:
             raise ValueError(f"trap {self.id!r}: name the seed logs it comes from, or its source (where the bug was seen)")
 
 

@@ -1,10 +1,12 @@
 """The layers of docs/architecture.md, read from the import graph of the installed package: no
-module imports from a layer above its own (lazy imports inside functions included), and the
-module-level imports have no cycle."""
+module imports from a layer above its own, and no import cycle, imports inside functions
+included (a lazy import that closes a circle is a circle all the same)."""
 
 import ast
 import functools
+import importlib
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -83,8 +85,8 @@ def test_no_module_imports_from_a_layer_above_its_own():
     assert not upward, "imports against the layers:\n" + "\n".join(upward)
 
 
-def test_module_level_imports_have_no_cycle():
-    edges = {name: {target for target, top in imports if top and target != name} for name, imports in _graph().items()}
+def _cycle(edges: dict[str, set[str]]) -> list[str]:
+    """The first import cycle of the graph `edges` (module -> modules it imports), or []."""
     state, stack = {}, []
 
     def visit(node):
@@ -92,15 +94,34 @@ def test_module_level_imports_have_no_cycle():
         stack.append(node)
         for target in sorted(edges.get(node, ())):
             if state.get(target) == "open":
-                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(target):] + [target]))
-            if target not in state:
-                visit(target)
+                return stack[stack.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
         stack.pop()
         state[node] = "done"
+        return []
 
     for name in sorted(edges):
-        if name not in state:
-            visit(name)
+        if name not in state and (found := visit(name)):
+            return found
+    return []
+
+
+def _edges(graph) -> dict[str, set[str]]:
+    return {name: {target for target, _ in imports if target != name} for name, imports in graph.items()}
+
+
+def test_imports_have_no_cycle():
+    cycle = _cycle(_edges(_graph()))
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_circle_closed_inside_a_function(tmp_path):
+    """The check can fail: two modules whose circle is closed by a lazy import are reported."""
+    (tmp_path / "a.py").write_text("from fmha.oracles.b import f\n")
+    (tmp_path / "b.py").write_text("def f():\n    from fmha.oracles.a import g\n")
+    graph = {name: _imports(name, tmp_path / f"{name.rsplit('.', 1)[1]}.py") for name in ("fmha.oracles.a", "fmha.oracles.b")}
+    assert _cycle(_edges(graph)) == ["fmha.oracles.a", "fmha.oracles.b", "fmha.oracles.a"]
 
 
 def test_the_layer_check_sees_an_upward_import(tmp_path):
@@ -144,16 +165,16 @@ def test_the_add_a_law_recipe_is_one_record_the_suite_picks_up(monkeypatch):
 
     from hypothesis import settings
 
-    from fmha.properties import catalog, laws
-    from fmha.properties.law import assert_agrees, law
+    from fmha.properties import catalog, dense_laws
+    from fmha.properties.law_record import assert_agrees, law
     from fmha.oracles.check import oracle_of
-    from fmha.regressions.law_mutants import MUTANTS
+    from fmha.regressions.mutants import MUTANTS
     from fmha.registry import KERNELS
 
     scope = {"law": law, "oracle_of": oracle_of, "assert_agrees": assert_agrees}
     exec(_recipe("Add a law"), scope)
     new = scope["q_scale_trade"]
-    monkeypatch.setattr(laws, "q_scale_trade", new, raising=False)
+    monkeypatch.setattr(dense_laws, "q_scale_trade", new, raising=False)
     try:
         assert importlib.reload(catalog).LAWS["q_scale_trade"] is new
         from fmha.properties import test_laws
@@ -164,7 +185,7 @@ def test_the_add_a_law_recipe_is_one_record_the_suite_picks_up(monkeypatch):
     quick = settings(max_examples=5, derandomize=True, database=None, deadline=None)
     new.run("cpu", KERNELS["reference"], settings=quick)
     with pytest.raises(AssertionError):
-        new.run("cpu", MUTANTS[new.mutant][0], settings=quick)  # the eager mutants run on the CPU
+        new.run("cpu", MUTANTS[new.mutant].kernel(), settings=quick)  # the eager mutants run on the CPU
 
 
 def test_the_add_an_adapter_recipe_translates_the_librarys_conventions(device):
@@ -189,3 +210,78 @@ def test_the_add_an_adapter_recipe_translates_the_librarys_conventions(device):
     verdict = check_sample(entry, sample, device)
     assert verdict.passed, verdict.message()
     assert "window" in " ".join(entry.not_supported_reasons(sample.problem.replace(window=4), device))
+
+
+# -- one definition each ------------------------------------------------------------------------
+
+SELECTION_OPTIONS = ("--fmha-kernel", "--fmha-device")
+
+
+def _declarations(tree) -> set[str]:
+    """The selection options `tree` declares: passed to add_argument/addoption, or a key of an
+    options mapping."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("add_argument", "addoption"):
+            found |= {arg.value for arg in node.args if isinstance(arg, ast.Constant) and arg.value in SELECTION_OPTIONS}
+        if isinstance(node, ast.Dict):
+            found |= {key.value for key in node.keys if isinstance(key, ast.Constant) and key.value in SELECTION_OPTIONS}
+    return found
+
+
+def test_the_kernel_and_device_options_are_declared_in_one_module():
+    declaring = {name: sorted(found) for name, path in _modules().items()
+                 if (found := _declarations(ast.parse(path.read_text())))}
+    assert declaring == {"fmha.regressions.selection": sorted(SELECTION_OPTIONS)}, declaring
+
+
+def test_the_declaration_check_sees_a_second_declaration():
+    """The check can fail: a command declaring --fmha-device itself is seen."""
+    tree = ast.parse('parser.add_argument("--fmha-device", choices=("cpu", "cuda"))\n')
+    assert _declarations(tree) == {"--fmha-device"}
+
+
+def test_every_mutant_is_one_record():
+    from fmha.regressions.mutants import MUTANTS
+    from fmha.regressions.mutation import Mutant
+
+    assert MUTANTS and all(isinstance(m, Mutant) and m.name == name for name, m in MUTANTS.items())
+
+
+# -- the page is true to the code ----------------------------------------------------------------
+
+_PATH = re.compile(r"\b(?:fmha|oracles|properties|regressions|ci|tests|docs)/[\w/.-]*\w")
+_DOTTED = re.compile(r"`((?:fmha\.)?[a-z_]+(?:\.[a-z_]+)*\.[A-Za-z_]\w*)`")
+WRITTEN_BY_THE_RECIPES = {"regressions/traps/window_edge.py"}  # what `regressions new` writes
+
+
+def _missing_paths(text: str) -> list[str]:
+    root = DOC.parents[1]
+    return sorted(p for p in set(_PATH.findall(text)) - WRITTEN_BY_THE_RECIPES if not (root / p).exists())
+
+
+def _missing_functions(text: str) -> list[str]:
+    """`module.function` tokens (a module by its full or last name) whose module lacks the function."""
+    by_last = {}
+    for name in _modules():
+        by_last.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    missing = []
+    for token in set(_DOTTED.findall(text)):
+        module_name, _, attr = token.rpartition(".")
+        candidates = [module_name] if module_name in _modules() else by_last.get(module_name, [])
+        if len(candidates) == 1 and not hasattr(importlib.import_module(candidates[0]), attr):
+            missing.append(token)  # (not a module: a class's method, or a name several modules share)
+    return sorted(missing)
+
+
+def test_every_path_and_function_the_architecture_page_names_exists():
+    text = DOC.read_text()
+    assert len(set(_PATH.findall(text))) > 40, "the page names the files of each layer and data path"
+    assert not _missing_paths(text), f"docs/architecture.md names paths that do not exist: {_missing_paths(text)}"
+    assert not _missing_functions(text), f"docs/architecture.md names functions that do not exist: {_missing_functions(text)}"
+
+
+def test_the_page_check_sees_what_is_gone():
+    text = "The oracle lives in oracles/key_sources.py (`oracle.oracle_over`, `nightly.no_such_step`).\n"
+    assert _missing_paths(text) == ["oracles/key_sources.py"]
+    assert _missing_functions(text) == ["nightly.no_such_step"]

@@ -16,7 +16,7 @@ from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
 from fmha.properties.catalog import LAWS
 from fmha.properties.paged_strategies import paged_samples
-from fmha.regressions.cuda_mutants import CLUSTER_CASES, MUTANTS
+from fmha.regressions.cuda_mutants import CLUSTER_CASES, CUDA_MUTANTS
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.paged_cases import SPARSE
 from fmha.regressions.trap import check_case
@@ -155,12 +155,12 @@ def test_random_sparse_draws_against_the_oracle(data, device):
     assert verdict.passed, verdict.message(f"cuda-sparse {data.id}")
 
 
-MUTANT = {mutant.name: mutant for mutant in MUTANTS}
+MUTANT = {mutant.name: mutant for mutant in CUDA_MUTANTS}
 
 
 def test_cuda_mutants_patch_the_kernel():
     """On any machine: each patch still applies exactly once (MutationError otherwise)."""
-    for mutant in MUTANTS:
+    for mutant in CUDA_MUTANTS:
         assert mutant.kernel().name == f"mutant:{mutant.name}"
 
 

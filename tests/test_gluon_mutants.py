@@ -7,7 +7,7 @@ import torch
 
 from fmha.kernels import gluon_dense, gluon_sparse
 from fmha.registry import resolve_kernel
-from fmha.regressions.gluon_mutants import CASES, MUTANTS, SPARSE_MUTANTS
+from fmha.regressions.gluon_mutants import CASES, GLUON_DENSE_MUTANTS, GLUON_SPARSE_MUTANTS
 from fmha.regressions.trap import check_case
 from fmha.regressions.traps import TRAPS
 
@@ -22,7 +22,7 @@ def hopper(device):
     return device
 
 
-@pytest.mark.parametrize("mutant", MUTANTS + SPARSE_MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", GLUON_DENSE_MUTANTS + GLUON_SPARSE_MUTANTS, ids=lambda m: m.name)
 def test_gluon_mutant_builds_and_names_a_trap(mutant):
     """On any machine: the patch still applies exactly once (MutationError otherwise)."""
     assert mutant.trap in TRAPS, f"mutant {mutant.name}: no trap {mutant.trap!r}"
@@ -36,7 +36,7 @@ def test_fmha_passes_the_gluon_reproducers(case, hopper):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", GLUON_DENSE_MUTANTS, ids=lambda m: m.name)
 def test_gluon_mutant_is_caught(mutant, hopper):
     failures = {case.id: check_case(mutant.kernel(), case, hopper) for case in CASES}
     assert any(failures.values()), (f"mutant {mutant.name} ({mutant.bug}) passes every head-dim-512 reproducer "
@@ -44,7 +44,7 @@ def test_gluon_mutant_is_caught(mutant, hopper):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mutant", SPARSE_MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", GLUON_SPARSE_MUTANTS, ids=lambda m: m.name)
 def test_gluon_sparse_mutant_is_caught(mutant, hopper):
     cases = [case for case in TRAPS[mutant.trap].cases
              if not gluon_sparse.ENTRY.not_supported_reasons(case.problem, hopper)]

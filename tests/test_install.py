@@ -114,7 +114,7 @@ def test_the_wheel_installs_nothing_but_the_fmha_package(installed):
     files = [line.strip() for line in show.stdout.split("Files:")[1].splitlines() if line.strip()]
     top_level = {f.split("/")[0] for f in files}
     assert top_level == {"fmha", "fmha-0.1.0.dist-info"}, sorted(top_level)
-    assert {"fmha/oracles/reference.py", "fmha/properties/laws.py", "fmha/regressions/traps/__init__.py",
+    assert {"fmha/oracles/reference.py", "fmha/properties/dense_laws.py", "fmha/regressions/traps/__init__.py",
             "fmha/ci/plugin.py"} <= set(files)
 
 
@@ -172,8 +172,8 @@ def test_a_regression_added_in_the_users_repository_fails_on_the_bug_then_passes
     (repo / "mykernel.py").write_text(MYKERNEL)
     (repo / "mykernel_v0.py").write_text(MYKERNEL)
     new = _run([str(bin_dir / "python"), "-m", "fmha.regressions", "new", "scale-ignored", "--reproducer", REPRODUCER,
-                "--seeds", "mykernel#3", "--symptom", "scale= has no effect", "--root-cause", "D ** -0.5 hard-coded",
-                "--mutant", "mykernel_v0:fwd", "--kernel", "mykernel:fwd"], repo, env)
+                "--seed-logs", "mykernel#3", "--symptom", "scale= has no effect", "--root-cause", "D ** -0.5 hard-coded",
+                "--mutant", "mykernel_v0:fwd", "--fmha-kernel", "mykernel:fwd"], repo, env)
     assert new.returncode == 0, new.stdout + new.stderr
     assert (repo / "fmha_cases" / "scale_ignored.py").exists(), new.stdout  # in the repository, not site-packages
     catches, on_yours = _printed(new.stdout, "it catches the bug:"), _printed(new.stdout, "run it on your kernel:")

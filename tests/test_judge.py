@@ -13,7 +13,7 @@ from fmha.oracles.check import check_sample
 from fmha.oracles.reference_kernel import CAPABILITIES, reference
 from fmha.oracles.sample import Sample
 from fmha.properties.catalog import LAWS
-from fmha.regressions.law_mutants import MUTANTS
+from fmha.regressions.mutants import MUTANTS
 from fmha.regressions.traps import TRAPS
 
 pytestmark = pytest.mark.cpu_tier  # eager plug-ins and a nested session on the CPU: nightly on CUDA
@@ -67,7 +67,7 @@ def test_a_kernel_that_writes_past_its_view_of_a_cache_fails_naming_the_cache():
 @pytest.mark.parametrize("law_name", ["refilled_buffers_give_the_new_answer", "refilled_caches_give_the_new_answer"])
 def test_a_kernel_that_caches_its_answer_by_address_or_shape_fails_by_name(law_name):
     law = LAWS[law_name]
-    mutant, _ = MUTANTS[law.mutant]
+    mutant = MUTANTS[law.mutant].kernel()
     with pytest.raises(AssertionError, match="cached by address or by shape"):
         law.run("cpu", mutant, pinned=False)
 

@@ -12,7 +12,8 @@ from fmha.regressions import kill_matrix
 from fmha.regressions.isolation import CASE_TIMEOUT_S, check_case_isolated
 from fmha.regressions.kill_matrix import case_failures
 from fmha.regressions.mutation import MutationError, patch_source
-from fmha.regressions.traps import MUTANTS, TRAPS
+from fmha.regressions.mutants import MUTANTS, trap_mutants
+from fmha.regressions.traps import TRAPS
 from fmha.regressions.traps.warp_collective_tmem import _collective_epilogue
 
 pytestmark = pytest.mark.regression
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.regression
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "kill-matrix.md")
 DIAGONAL = [pytest.param(m, i, id=f"{m.name}/{TRAPS[m.trap].cases[i].id}",
                          marks=[pytest.mark.starts_first] if m.isolate else [])
-            for m in MUTANTS.values() for i in range(len(TRAPS[m.trap].cases))]
+            for m in trap_mutants().values() for i in range(len(TRAPS[m.trap].cases))]
 
 
 @pytest.mark.parametrize("mutant, index", DIAGONAL)
@@ -47,7 +48,7 @@ def test_an_isolated_case_comes_from_a_trap_or_from_a_module_of_cases():
 
 
 def test_every_trap_is_proven_by_a_mutant():
-    unproven = [t for t in TRAPS if not any(m.trap == t for m in MUTANTS.values())]
+    unproven = [t for t in TRAPS if not any(m.trap == t for m in trap_mutants().values())]
     assert not unproven, (f"traps without a mutant: {unproven}. Add a kernel with exactly that bug to the trap's "
                           "MUTANTS (see regressions/mutation.py); a case never seen failing proves nothing")
 
@@ -67,16 +68,16 @@ def test_a_patch_whose_target_is_gone_fails_loudly():
 def test_the_kill_matrix_page_covers_every_mutant_and_trap():
     with open(DOC) as f:
         page = f.read()
-    missing = [name for name in [*MUTANTS, *TRAPS] if f"| {name} |" not in page and name not in page]
+    missing = [name for name in [*trap_mutants(), *TRAPS] if f"| {name} |" not in page and name not in page]
     assert not missing, f"docs/kill-matrix.md does not mention {missing}: regenerate it with `python -m fmha.regressions matrix`"
 
 
 @pytest.mark.cpu_tier  # a row computed on the CPU, whatever the session's device
-def test_each_row_is_reported_as_it_is_computed(monkeypatch):
+def test_each_row_is_reported_as_it_is_computed():
     lines = []
-    monkeypatch.setattr(kill_matrix, "MUTANTS", {"minus-one-is-slot-0": MUTANTS["minus-one-is-slot-0"]})
     cache = {"gone-mutant": {"key": "x", "row": {}}}
-    rows = kill_matrix.build("cpu", 1, cache=cache, progress=lines.append)
+    rows = kill_matrix.build("cpu", 1, cache=cache, progress=lines.append,
+                             mutants={"minus-one-is-slot-0": MUTANTS["minus-one-is-slot-0"]})
     assert lines[0] == "1 row(s) to compute, 0 reused"
     assert re.fullmatch(r"\[1/1, \d+ s\] minus-one-is-slot-0: own cases caught, \d+/15 laws \(\d+ s\)", lines[1]), lines
     assert [r.mutant for r in rows] == ["minus-one-is-slot-0"] and set(cache) == {"minus-one-is-slot-0"}

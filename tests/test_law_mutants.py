@@ -1,5 +1,5 @@
-"""Each law of the contract (fmha.properties.catalog.LAWS) catches the kernel its record names
-(`Law.mutant`: fmha.regressions.law_mutants), and hypothesis shrinks the counterexample to a
+"""Each law of the contract (fmha.properties.catalog.LAWS) catches the mutant its record names
+(`Law.mutant`, in fmha.regressions.mutants), and hypothesis shrinks the counterexample to a
 small sample; the mutant's correct twin obeys the law. docs/laws.md is the records' table."""
 
 import itertools
@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, Phase, settings
 from fmha.contract import Capabilities, KernelEntry, Problem
 from fmha.oracles.reference_kernel import reference
 from fmha.oracles.sample import Sample
-from fmha.properties import catalog, laws
+from fmha.properties import catalog, dense_laws
 from fmha.properties.catalog import LAWS
-from fmha.properties.law import run_law
+from fmha.properties.law_record import run_law
 from fmha.properties.strategies import samples
-from fmha.regressions.law_mutants import MUTANTS, PROMISING, eager_kernel
+from fmha.regressions.eager_mutants import CORRECT, CORRECT_MERGE, PROMISING, eager_kernel
+from fmha.regressions.mutants import MUTANTS
 
 pytestmark = pytest.mark.cpu_tier  # eager mutants on the CPU: nightly on CUDA
 
@@ -33,8 +34,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "laws.md"
 def _operands(law, mutant_or_twin):
     """(kernel, merge) for the law: the entry in its slot, the correct twin's partner in the other."""
     if isinstance(mutant_or_twin, KernelEntry):
-        return mutant_or_twin, MUTANTS["max_merge"][1]
-    return MUTANTS["no_scale"][1], mutant_or_twin
+        return mutant_or_twin, CORRECT_MERGE
+    return CORRECT, mutant_or_twin
 
 
 def _pinned_sample(error: BaseException) -> Sample:
@@ -46,12 +47,12 @@ def _pinned_sample(error: BaseException) -> Sample:
 
 def test_every_law_names_a_mutant():
     missing = {law.name: law.mutant for law in LAWS.values() if law.mutant not in MUTANTS}
-    assert not missing, f"laws whose mutant is not in fmha.regressions.law_mutants.MUTANTS: {missing}"
+    assert not missing, f"laws whose mutant is not in fmha.regressions.mutants.MUTANTS: {missing}"
 
 
 @pytest.mark.parametrize("law", LAWS.values(), ids=list(LAWS))
 def test_the_law_catches_its_mutant_with_a_small_counterexample(law):
-    mutant, _ = MUTANTS[law.mutant]
+    mutant = MUTANTS[law.mutant].kernel()
     with pytest.raises(AssertionError) as caught:
         law.run("cpu", *_operands(law, mutant), settings=FIND_AND_SHRINK, pinned=False)
     p = _pinned_sample(caught.value).problem
@@ -67,22 +68,22 @@ def test_the_law_catches_its_mutant_with_a_small_counterexample(law):
 # Where paged and sparse kernels go wrong, each drawn on purpose (properties/paged_strategies.py),
 # and the bug each draw reaches: the law that judges those draws against the oracle catches it.
 DRAWN = {
-    "zero_query_request_shifts_rows": "ragged_calls_agree_with_the_oracle",  # no query rows before decodes
-    "causal_from_the_first_key": "paged_calls_agree_with_the_oracle",  # causal, q_len > 1, over own keys
-    "window_one_too_wide": "paged_calls_agree_with_the_oracle",  # windows over shuffled pages
-    "repeated_index_counted_once": "sparse_calls_agree_with_the_oracle",  # an index twice in a row
-    "last_slot_unread": "sparse_calls_agree_with_the_oracle",  # the last offset of the last page
-    "topk_len_zero_reads_all": "two_scope_calls_agree_with_the_oracle",  # topk_len 0 in one scope
-    "fp8_subnormals_flushed": "fp8_cache_calls_agree_with_the_oracle",  # small codes beside an outlier
-    "fp4_halves_flushed": "fp4_cache_calls_agree_with_the_oracle",  # every e2m1 code
-    "scale_exponent_clamped": "fp8_cache_calls_agree_with_the_oracle",  # ue8m0 scales toward either end
+    "zero-query-request-shifts-rows": "ragged_calls_agree_with_the_oracle",  # no query rows before decodes
+    "causal-from-the-first-key": "paged_calls_agree_with_the_oracle",  # causal, q_len > 1, over own keys
+    "window-one-too-wide": "paged_calls_agree_with_the_oracle",  # windows over shuffled pages
+    "repeated-index-counted-once": "sparse_calls_agree_with_the_oracle",  # an index twice in a row
+    "last-slot-unread": "sparse_calls_agree_with_the_oracle",  # the last offset of the last page
+    "topk-len-zero-reads-all": "two_scope_calls_agree_with_the_oracle",  # topk_len 0 in one scope
+    "fp8-subnormals-flushed": "fp8_cache_calls_agree_with_the_oracle",  # small codes beside an outlier
+    "fp4-halves-flushed": "fp4_cache_calls_agree_with_the_oracle",  # every e2m1 code
+    "scale-exponent-clamped": "fp8_cache_calls_agree_with_the_oracle",  # ue8m0 scales toward either end
 }
 
 
 @pytest.mark.parametrize("mutant_name", DRAWN)
 def test_each_draw_reaches_the_bug_it_is_for(mutant_name):
     law = LAWS[DRAWN[mutant_name]]
-    mutant, _ = MUTANTS[mutant_name]
+    mutant = MUTANTS[mutant_name].kernel()
     with pytest.raises(AssertionError) as caught:
         law.run("cpu", mutant, settings=FIND, pinned=False)
     assert mutant.name in str(caught.value), str(caught.value)[:2000]
@@ -90,11 +91,11 @@ def test_each_draw_reaches_the_bug_it_is_for(mutant_name):
 
 @pytest.mark.parametrize("law", LAWS.values(), ids=list(LAWS))
 def test_the_mutants_correct_twin_obeys_the_law(law):
-    _, twin = MUTANTS[law.mutant]
+    twin = MUTANTS[law.mutant].correct_twin()
     law.run("cpu", *_operands(law, twin), settings=QUICK, pinned=False)
 
 
-@pytest.mark.parametrize("law, bug", [(laws.batch_rows_independent, "batch_max"), (laws.deterministic, "random_key_order")])
+@pytest.mark.parametrize("law, bug", [(dense_laws.batch_rows_independent, "batch_max"), (dense_laws.deterministic, "random_key_order")])
 def test_a_kernel_that_makes_no_promise_is_held_to_the_verdict_and_one_that_does_bitwise(law, bug):
     """The same bits-only bug (a softmax max over the whole batch; a key order that changes per
     call) passes the law where the kernel promises nothing, and fails it where it promises."""

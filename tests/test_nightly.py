@@ -12,6 +12,8 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
+from fmha.ci.run_record import RunRecord
+
 pytestmark = pytest.mark.cpu_tier  # the gate on --fmha-device cpu: nightly on CUDA
 
 RAISING = textwrap.dedent('''
@@ -63,13 +65,15 @@ def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
     run = _gate(tmp_path, out, "256", "512")
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     records = json.loads((out / "results.json").read_text())["records"]
-    sparse = [r for r in records if r["layout"] == "dsv4-sparse"]
-    assert len(sparse) == 2 * 3 and all(r["passed"] and r["cos"] >= 0.999998 for r in sparse), sparse
-    raised = [r for r in records if "error" in r]
-    assert raised and all(r["head_dim"] == 256 for r in raised) and len(raised) == 4 * 2 * 3  # 4 configs x 2 layouts
-    assert all("RuntimeError: no kernel for head dim 256 yet" in r["error"] for r in raised)
-    assert all(r["passed"] for r in records if r["head_dim"] != 256)
-    assert {r["head_dim"] for r in records} == {256, 512}
+    assert {RunRecord.from_json(r).part for r in records} == {"gate"}  # verify's record too
+    sparse = [r for r in records if r["where"]["layout"] == "dsv4-sparse"]
+    assert len(sparse) == 2 * 3 and all(r["outcome"] == "passed" and r["metrics"]["cos"] >= 0.999998
+                                        for r in sparse), sparse
+    raised = [r for r in records if r["outcome"] == "raised"]
+    assert raised and all(r["where"]["head_dim"] == 256 for r in raised) and len(raised) == 4 * 2 * 3  # 4 configs x 2 layouts
+    assert all("RuntimeError: no kernel for head dim 256 yet" in r["message"] for r in raised)
+    assert all(r["outcome"] == "passed" for r in records if r["where"]["head_dim"] != 256)
+    assert {r["where"]["head_dim"] for r in records} == {256, 512}
     summary = (out / "summary.md").read_text()
     assert "raised RuntimeError: no kernel for head dim 256 yet" in summary and "2 DSV4 sparse-decode configs" in summary
     assert (out / "index.html").exists()
@@ -111,7 +115,7 @@ def test_by_default_the_gate_judges_fmha_and_compared_kernels_never_fail_it(tmp_
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     records = json.loads((out / "results.json").read_text())["records"]
     assert {(r["kernel"], r["gated"]) for r in records} == {("fmha", True), ("sdpa-flash", False)}
-    assert any(not r["passed"] for r in records if r["kernel"] == "sdpa-flash"), "the comparison shows nothing"
+    assert any(r["outcome"] == "failed" for r in records if r["kernel"] == "sdpa-flash"), "the comparison shows nothing"
     assert "sdpa-flash (compared, not gated)" in run.stdout
     page = _read_page(out)
     assert page.by_id["verdict"].strip().startswith("PASSED"), page.by_id["verdict"]
@@ -146,8 +150,8 @@ def test_an_output_of_nan_or_never_written_is_below_the_gate(tmp_path, monkeypat
     kernels = [registry.resolve_kernel(f"blank_kernels:{name}") for name in ("nan", "unwritten")]
     configs = [c for c in GRID if (c.head_dim, c.q_len, c.kv_len) == (64, 1, 128)]
     records = nightly.run_gate(kernels, "cpu", 1, nightly.cases(configs, []), progress=False)
-    assert records and all("cos" in r and not r["passed"] for r in records), records
-    assert {r["kernel"]: r["cos"] for r in records} == {"blank_kernels:nan": 1.0, "blank_kernels:unwritten": 1.0}
+    assert records and all(r.returned and r.outcome == "failed" for r in records), records
+    assert {r.kernel: r.metrics["cos"] for r in records} == {"blank_kernels:nan": 1.0, "blank_kernels:unwritten": 1.0}
     summary, failing = nightly.summarize(records, None, "# night")
     assert failing and "NaN or inf output elements" in summary and "unwritten output elements" in summary, summary
     assert all(report_html.worst_by_cell(t.runs)[("hd64 T=1", "S=128")] == 1.0 for t in nightly.tally(records).values())

@@ -13,17 +13,17 @@ pytestmark = pytest.mark.starts_first  # each waits out a timeout: never the tai
 LATER_TESTS = 4
 SESSION = textwrap.dedent(f'''
     import pytest
-    from fmha.regressions.mutants import resolve
+    from fmha.regressions.selection import resolve_kernel
     from fmha.regressions.trap import check_case
     from fmha.regressions.traps import TRAPS
 
     def test_0_bad_kernel(device, request):
         mutant, trap = request.config.getoption("--bad-kernel").split("@")
-        check_case(resolve(mutant), TRAPS[trap].cases[0], device)
+        check_case(resolve_kernel(mutant), TRAPS[trap].cases[0], device)
 
     @pytest.mark.parametrize("n", range({LATER_TESTS}))
     def test_1_later_test(device, n):
-        assert not check_case(resolve("fmha"), TRAPS["missing-scale"].cases[0], device)
+        assert not check_case(resolve_kernel("fmha"), TRAPS["missing-scale"].cases[0], device)
 ''')
 CONFTEST = textwrap.dedent('''
     import pytest

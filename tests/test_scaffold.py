@@ -9,7 +9,7 @@ import torch
 from fmha.contract import Problem
 from fmha.oracles.sample import Sample
 from fmha.regressions.cli import main
-from fmha.regressions.mutants import resolve
+from fmha.regressions.selection import resolve_kernel
 from fmha.regressions.trap import check_case
 
 PRINTED = ("pin it: @example(sample=Sample(problem=Problem(batch=1, q_len=3, kv_len=17, heads_q=4, heads_kv=2, "
@@ -25,7 +25,7 @@ def _load(path):
 
 
 def _new(tmp_path, *extra):
-    return main(["new", "window-edge", "--reproducer", PRINTED, "--seeds", "my-kernel#42",
+    return main(["new", "window-edge", "--reproducer", PRINTED, "--seed-logs", "my-kernel#42",
                  "--symptom", "the oldest key of the window is dropped", "--root-cause", "off-by-one in the window start",
                  "--dir", str(tmp_path), *extra])
 
@@ -38,14 +38,14 @@ def test_the_printed_reproducer_becomes_a_trap_that_runs(tmp_path, device):
                                           dtype=torch.float16, window=5, sink=True),
                           distribution="peaky", seed=12, k_storage="sliced", v_storage="sliced")
     assert module.MUTANTS == ()  # the kill-matrix test fails until a mutant proves the case
-    assert check_case(resolve("fmha"), case, device) == []
+    assert check_case(resolve_kernel("fmha"), case, device) == []
 
 
 def test_a_mutant_given_by_import_path_is_wired_in(tmp_path):
     assert _new(tmp_path, "--mutant", "mutant:missing-scale", "--why", "window 5 of 17 keys") == 0
     module = _load(tmp_path / "window_edge.py")
     (mutant,) = module.MUTANTS
-    assert mutant.trap == "window-edge" and mutant.kernel().name == "mutant:missing-scale"
+    assert mutant.trap == "window-edge" and mutant.kernel().name == "mutant:window-edge"
     assert module.TRAP.cases[0].name == "window 5 of 17 keys"
 
 
@@ -57,7 +57,7 @@ def test_a_mutant_given_by_import_path_is_wired_in(tmp_path):
     (["new", "ok-id", "--reproducer", "42"], "reproducer: expected a Sample or a Problem, got int"),
 ])
 def test_bad_input_is_refused_naming_the_argument(tmp_path, capsys, args, message):
-    argv = args + ["--seeds", "x", "--symptom", "x", "--root-cause", "x", "--dir", str(tmp_path)]
+    argv = args + ["--seed-logs", "x", "--symptom", "x", "--root-cause", "x", "--dir", str(tmp_path)]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
@@ -73,8 +73,8 @@ def test_outside_fmhas_checkout_it_writes_into_the_current_repository(tmp_path, 
     """Never into the installed package: a kernel author's run writes ./fmha_cases and prints
     the command that collects it from there."""
     monkeypatch.chdir(tmp_path)
-    assert main(["new", "window-edge", "--reproducer", PRINTED, "--seeds", "x", "--symptom", "x", "--root-cause", "x",
-                 "--kernel", "my_attn:fwd"]) == 0
+    assert main(["new", "window-edge", "--reproducer", PRINTED, "--seed-logs", "x", "--symptom", "x", "--root-cause", "x",
+                 "--fmha-kernel", "my_attn:fwd"]) == 0
     assert (tmp_path / "fmha_cases" / "window_edge.py").exists()
     printed = capsys.readouterr().out
     assert "pytest --pyargs fmha --fmha-cases fmha_cases -k window-edge --fmha-kernel my_attn:fwd" in printed, printed

@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from fmha.ci.run_record import RunRecord
+
 RAISING = textwrap.dedent('''
     from fmha.registry import KERNELS
 
@@ -33,6 +35,7 @@ def test_a_kernel_that_raises_costs_its_cases_and_the_run_goes_on(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads(report.read_text())["results"]
+    assert {RunRecord.from_json(r).part for r in results} == {"agreement", "named cases", "laws"}  # the gate's record too
     agreement = [r for r in results if r["part"] == "agreement"]
     assert len(agreement) == 12 * 3 * 11  # every feature case x dtype x distribution has a row
     raised = {r["what"] for r in agreement if r["outcome"] == "raised"}
@@ -72,10 +75,10 @@ def test_the_rest_of_a_run_goes_on_in_a_fresh_process():
 
 
 def test_the_to_do_list_gives_each_missing_capability_one_line():
-    from fmha.ci.verify import Result, to_do
+    from fmha.ci.verify import to_do
 
-    skipped = [Result("k", "agreement", f"case{i}", "bf16", "skipped", f"Hq={h} unsupported (supports [64]); no sink")
+    skipped = [RunRecord("k", "agreement", f"case{i}", "bf16", "skipped", f"Hq={h} unsupported (supports [64]); no sink")
                for i, h in enumerate((2, 4, 4))]
-    skipped.append(Result("k", "named cases", "some-trap/case", "bf16", "skipped", "no sink"))
+    skipped.append(RunRecord("k", "named cases", "some-trap/case", "bf16", "skipped", "no sink"))
     assert to_do(skipped) == ["- k: no sink: 3 agreement, 1 named cases (some-trap)",
                               "- k: Hq=4 unsupported (supports [64]) (and 1 more like it): 3 agreement"]

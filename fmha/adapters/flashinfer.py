@@ -19,16 +19,7 @@ Limits declared (a call outside them is a NotSupportedError naming each): bf16 a
 dims 64, 128, 256, Dv = D, no sink (the FA2/FA3 paths it uses on Hopper have none), a request
 with query rows has at least one key (its page table's last_page_len is 1 to page_size).
 
-Verified on an H200 (flashinfer-python 0.7.2.post1, JIT-built with nvcc 13.0 on first use,
-about 80 s a kernel variant; torch 2.11; 2026-12-03), `python -m fmha.ci.verify --fmha-kernel
-flashinfer-decode --fmha-kernel flashinfer-prefill --fmha-device cuda --law-examples 0`:
-- flashinfer-prefill: the 24 paged named cases it runs (12 in bf16, 12 in fp16, re-laid as
-  head dim 64) pass; the other 104 skip with its reasons (dense and sparse cases, fp32, a
-  request with rows and no keys);
-- flashinfer-decode: 14 run (re-laid as one query row), 7 fp16 pass and the 7 bf16 fail on
-  the LSE alone (1.5-2.1x its tolerance), a finding recorded in the ledger;
-- its laws are not yet measured on the GPU: each new variant is a JIT build, and the
-  machine here took them one at a time within its time limit.
+What they did through the suite on an H200: BENCHMARKS.md, "Other libraries through their adapters".
 """
 
 from __future__ import annotations

@@ -18,19 +18,12 @@ What the adapter translates (read from FlashMLA's `flash_mla_interface.py` and
   for K and V (K = V), FP8 caches in both scopes (no bf16 or FP4 sparse decode), each
   scope's top-k a multiple of 64; bf16 q and o.
 
-Verified on an H200 (FlashMLA 9241ae3 built with its SM90 decode kernels, torch 2.11,
-2026-12-03), `python -m fmha.ci.verify --fmha-kernel flashmla --fmha-device cuda`, rc 0:
-- named cases: all 14 that express DSV4 sparse decode run (none skips): re-laid inside its
-  limits (Hq 64, top-k padded to 64 with topk_len keeping the rows' keys, the FP4 second scope
-  as FP8), each still failing on its trap's mutant. 13 pass; `large-key-scales` fails, a
-  finding recorded in the ledger: NaN where the oracle is finite once the keys' scales reach
-  2^32 (2^20 with large logits). The 115 dense and paged named cases skip with its reasons;
-- laws: 10 pass, 18 skip (dense and paged laws, the FP4 law), 0 fail;
-- agreement: the 396 dense feature cases skip (it reads keys through indices only).
 FlashMLA checks that a page's token rows are contiguous, not that pages are 16-byte aligned:
 a cache with its pages packed together (off the layout, which pads them to 576 bytes; one of
 fmha's laws built one) faults with a misaligned address. The contract's validation refuses
 such a cache by name before any kernel sees it.
+
+What it did through the suite on an H200: BENCHMARKS.md, "Other libraries through their adapters".
 """
 
 from __future__ import annotations

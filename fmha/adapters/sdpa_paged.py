@@ -8,7 +8,7 @@ import torch
 
 from fmha.adapters import sdpa
 from fmha.contract import Capabilities, KernelEntry, check_attention_args
-from fmha.contract.pages import request_slots
+from fmha.contract.slots import request_slots
 
 SDPA_PAGED = Capabilities(
     sources=frozenset({"dense", "paged", "ragged"}),

@@ -17,11 +17,10 @@ keys as query rows (its queries are the last of their request's keys), bf16 and 
 (it returns none).
 
 Checked on the CPU tier against a stand-in that follows the source above
-(tests/test_adapters_paged.py); not yet run on a GPU here: vLLM's wheel and its dependencies
-are far more than the GPU machine here can be sent. The named case `zero-query-request`
-encodes the bug a hand-written probe found in it (a ragged decode batch with a request of no
-query rows before its decodes gave those decodes wrong rows); this adapter makes that one
-command: `python -m fmha.ci.verify --fmha-kernel vllm-unified --fmha-device cuda`.
+(tests/test_adapters_paged.py). The named case `zero-query-request` encodes the bug a
+hand-written probe found in it (a ragged decode batch with a request of no query rows before its
+decodes gave those decodes wrong rows); `python -m fmha.ci.verify --fmha-kernel vllm-unified
+--fmha-device cuda` runs it. Where it has run: BENCHMARKS.md, "Other libraries through their adapters".
 """
 
 from __future__ import annotations

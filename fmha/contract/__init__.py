@@ -6,7 +6,7 @@ arithmetic of paged caches. It imports nothing else of fmha."""
 from fmha.contract.capabilities import FULL_CONTRACT, PROMISES, Capabilities
 from fmha.contract.errors import ContractError, NotSupportedError
 from fmha.contract.kernel import KernelEntry, MergeEntry, always_available, implemented_by
-from fmha.contract.paged import output_shape
+from fmha.contract.paged_validation import output_shape
 from fmha.contract.problem import CACHE_LAYOUTS, DTYPE_NAMES, FEATURES, SOURCES, Problem
 from fmha.contract.validation import check_attention_args, check_merge_args
 

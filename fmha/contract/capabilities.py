@@ -18,7 +18,7 @@ from fmha.contract.problem import CACHE_LAYOUTS, DTYPE_NAMES, FEATURES, SOURCES,
 ALL_DTYPES = tuple(DTYPE_NAMES)
 
 # Stronger than the contract; a kernel that makes a promise is held to it bitwise, one that
-# does not is held to the verdict on the same comparison (properties/laws.py).
+# does not is held to the verdict on the same comparison (properties/dense_laws.py).
 PROMISES = {
     "bitwise_deterministic": "the output's bits are a function of the input values: the same values give the "
                              "same bits call after call, in any storage (strides, slices, K is V)",
@@ -94,14 +94,25 @@ class Capabilities:
         note = self.notes.get(key)
         return f"{default} ({note})" if note else default
 
-    def not_supported_reasons(self, problem: Problem, device: str, needs: Iterable[str] = ()) -> list[str]:
-        """Why this kernel cannot run `problem` on `device`; empty when it can.
+    def not_supported_reasons(self, problem: Problem | None, device: str, needs: Iterable[str] = (),
+                              any_source: Iterable[str] = ()) -> list[str]:
+        """Why this kernel cannot run `problem` on `device` (None: any call there); empty when it can.
 
-        `needs` names per-call features the caller requires (``lse``, ``out``).
+        `needs` names what every call of the caller uses beyond the problem: features (``lse``,
+        ``out``), sources or cache layouts; `any_source`, sources of which each call uses one
+        (a law that draws paged or sparse keys).
         """
         reasons = []
         if device not in self.devices:
             reasons.append(self._why("device", f"no {device} kernel (runs on {', '.join(self.devices)})"))
+        any_source = tuple(any_source)
+        if any_source and not self.sources & set(any_source):
+            reasons.append(f"needs a {' or '.join(any_source)} source; declares {', '.join(sorted(self.sources))} "
+                           "(Capabilities.sources)")
+        declared = self.sources | self.features | self.cache_layouts
+        reasons += [self._why(need, f"no {need} support") for need in needs if need not in declared]
+        if problem is None:
+            return reasons
         dtype = DTYPE_NAMES[problem.dtype]
         if problem.dtype not in self.dtypes:
             names = ", ".join(DTYPE_NAMES[d] for d in self.dtypes)
@@ -112,7 +123,7 @@ class Capabilities:
             reasons.append(self._why("head_dim_v", f"needs Dv == D, got D={problem.head_dim}, Dv={problem.head_dim_v}"))
         if self.heads_q is not None and problem.heads_q not in self.heads_q:
             reasons.append(self._why("heads_q", f"Hq={problem.heads_q} unsupported (supports {_span(self.heads_q)})"))
-        for feature in sorted(problem.features | frozenset(needs)):
+        for feature in sorted(problem.features):
             if feature not in self.features:
                 reasons.append(self._why(feature, f"no {feature} support"))
         missing = sorted(self.requires - problem.features)

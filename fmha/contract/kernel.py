@@ -56,12 +56,17 @@ class KernelEntry:
             raise ValueError(f"promise: expected one of {', '.join(PROMISES)}, got {promise!r}")
         return promise in self.capabilities_on(device).promises
 
-    def not_supported_reasons(self, problem: Problem, device, needs: Iterable[str] = ()) -> list[str]:
+    def not_supported_reasons(self, problem: Problem | None, device, needs: Iterable[str] = (),
+                              any_source: Iterable[str] = ()) -> list[str]:
+        """Every reason this kernel's declaration excludes a call (`problem`), or with None any
+        call of a test, a law or a named case that uses `needs` and one of `any_source`
+        (Capabilities.not_supported_reasons): the one place that decides what a kernel is not
+        asked to run, and why. Empty: it runs it."""
         unavailable = self.availability(device)
         if unavailable:
             return [unavailable]
         device_type = getattr(device, "type", device)
-        return self.capabilities_on(device_type).not_supported_reasons(problem, device_type, needs)
+        return self.capabilities_on(device_type).not_supported_reasons(problem, device_type, needs, any_source)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)

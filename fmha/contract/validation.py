@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fmha.contract.errors import NotSupportedError, fail
-from fmha.contract.paged import check_paged_args, output_shape
+from fmha.contract.paged_validation import check_paged_args, output_shape
 from fmha.contract.problem import DTYPE_NAMES, Problem
 
 DTYPES = tuple(DTYPE_NAMES)
@@ -50,7 +50,7 @@ def check_attention_args(
     """Validate one attention call; return the Problem it describes.
 
     Dense keys (contract v1) unless the call names a block table (paged) or indices
-    (index-sparse); then k and v are caches (fmha.contract.paged). With `capabilities` (a
+    (index-sparse); then k and v are caches (fmha.contract.paged_validation). With `capabilities` (a
     `fmha.contract.capabilities.Capabilities`), a valid call the kernel does not implement raises
     NotSupportedError carrying the kernel's reasons.
     """

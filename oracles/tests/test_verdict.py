@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from fmha.contract import Problem
-from fmha.oracles import key_sources, reference
-from fmha.oracles.check import POISON_BITS, poisoned, still_poisoned
+from fmha.oracles import reference
+from fmha.oracles.oracle import Dense, oracle_over
+from fmha.oracles.kernel_call import POISON_BITS, poisoned, still_poisoned
 from fmha.oracles.sample import Sample
 from fmha.oracles.metrics import measure
 from fmha.oracles.verdict import TOLERANCES, judge, two_sided
@@ -220,7 +221,7 @@ def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
     parts = [reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi]) for lo, hi in ((0, 13), (13, 17))]
     rounded = [(o.to(bf16), lse) for o, lse in parts]
     O = reference.attention(x.q, x.k, x.v)[0]
-    A = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)]).o_abs
+    A = oracle_over(x.q, [Dense(x.k, x.v)]).o_abs
     perfect = reference.merge(rounded)[0]
     merged = perfect.to(bf16)  # what a merge kernel returns
     assert not judge(measure(merged, O, oracle_abs=A)).passed
@@ -240,7 +241,7 @@ def test_weights_flushed_below_fp32s_smallest_normal_are_allowed_what_they_cost(
     sample = Sample(problem=Problem(batch=160, q_len=15, kv_len=1, heads_q=1, heads_kv=1, head_dim=32, sink=True,
                                     shared_kv=True), scale=1.0, distribution="peaky")
     x = sample.inputs()
-    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)], **x.kwargs())
+    oracle = oracle_over(x.q, [Dense(x.k, x.v)], **x.kwargs())
     weights = torch.exp(reference.logits(x.q, x.k, 1.0) - oracle.lse[..., None])
     flushed = torch.where(weights < torch.finfo(torch.float32).tiny, 0.0, weights)
     o = torch.einsum("bhts,bshd->bthd", flushed, x.v.double()).to(torch.bfloat16)
@@ -259,7 +260,7 @@ def test_an_fp32_output_whose_terms_cancel_is_allowed_what_summing_them_costs():
     over |v| allows it, and an error 2^-18 of the terms still fails."""
     problem = Problem(batch=2, q_len=4, kv_len=390, heads_q=8, heads_kv=1, head_dim=144, dtype=torch.float32)
     x = Sample(problem=problem, scale=0.04167, distribution="iota_v").inputs()
-    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)], scale=0.04167)
+    oracle = oracle_over(x.q, [Dense(x.k, x.v)], scale=0.04167)
     o = torch.nn.functional.scaled_dot_product_attention(
         x.q.transpose(1, 2), x.k.transpose(1, 2), x.v.transpose(1, 2), scale=0.04167, enable_gqa=True).transpose(1, 2)
     assert not judge(measure(o, oracle.o, logit_rms=oracle.logit_rms)).passed  # the result's rounding alone
@@ -277,7 +278,7 @@ def test_lse_allows_what_fp32_logits_cost_and_no_more():
     the oracle's logit_magnitude allows that, and a base-2 lse still fails."""
     problem = Problem(batch=33, q_len=16, kv_len=1, heads_q=28, heads_kv=4, head_dim=32, dtype=torch.float16)
     x = Sample(problem=problem, distribution="large_logits").inputs()
-    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)])
+    oracle = oracle_over(x.q, [Dense(x.k, x.v)])
     fp32_logits = (torch.einsum("bthd,bshd->bhts", x.q.float(), x.k.float().repeat_interleave(7, 2))
                    * 32 ** -0.5).squeeze(-1)
     o = oracle.o.to(torch.float16)
@@ -293,7 +294,7 @@ def test_cosine_allowance_widens_with_the_logit_conditioning():
     per-element one does, and an output 10% off still fails."""
     problem = Problem(batch=3, q_len=85, kv_len=50, heads_q=1, heads_kv=1, head_dim=48, dtype=torch.float32)
     x = Sample(problem=problem, scale=1.0, distribution="large_logits", seed=41).inputs()
-    oracle = key_sources.oracle(x.q, [key_sources.Dense(x.k, x.v)], scale=1.0)
+    oracle = oracle_over(x.q, [Dense(x.k, x.v)], scale=1.0)
     s = torch.einsum("bthd,bshd->bhts", x.q, x.k)  # fp32 logits, as a correct kernel has them
     weights = torch.softmax(s.double().float().double(), dim=-1)
     o = torch.einsum("bhts,bshd->bthd", weights, x.v.double()).float()

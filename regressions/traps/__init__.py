@@ -1,6 +1,7 @@
-"""The trap library: one module per trap, each with TRAP (the case) and MUTANTS (kernels
-with exactly that bug). Modules are discovered, so a new trap is one new file
-(`python -m fmha.regressions new <id>` writes it)."""
+"""The trap library: one module per trap, each with TRAP (the case) and MUTANTS (the trap's
+mutants: kernels with exactly that bug, which its every case must catch). Modules are
+discovered, so a new trap is one new file (`python -m fmha.regressions new <id>` writes it).
+fmha.regressions.mutants lists these mutants with every other."""
 
 from __future__ import annotations
 
@@ -22,29 +23,29 @@ def _modules():
         yield importlib.import_module(f"{__name__}.{info.name}")
 
 
-def _register(module, traps: dict, mutants: dict, files: dict) -> str:
+def _register(module) -> str:
     trap = getattr(module, "TRAP", None)
     if not isinstance(trap, Trap):
         raise ValueError(f"{module.__file__}: expected TRAP = Trap(...) (python -m fmha.regressions new writes one)")
-    if trap.id in traps:
-        raise ValueError(f"{module.__file__}: trap id {trap.id!r} is already used (by {files[trap.id]})")
-    files[trap.id] = module.__file__
-    traps[trap.id] = trap
-    for mutant in getattr(module, "MUTANTS", ()):
-        if mutant.name in mutants or mutant.trap != trap.id:
-            raise ValueError(f"{module.__file__}: mutant {mutant.name!r} is a duplicate or names another trap")
-        mutants[mutant.name] = mutant
+    if trap.id in TRAPS:
+        raise ValueError(f"{module.__file__}: trap id {trap.id!r} is already used (by {TRAP_FILES[trap.id]})")
+    mutants = tuple(getattr(module, "MUTANTS", ()))
+    taken = {m.name for ms in MUTANTS_OF.values() for m in ms}
+    for mutant in mutants:
+        if not isinstance(mutant, Mutant) or mutant.trap != trap.id or mutant.name in taken:
+            raise ValueError(f"{module.__file__}: MUTANTS holds {mutant!r}: expected Mutant records with trap "
+                             f"{trap.id!r} and names no other trap's mutant has")
+    TRAP_FILES[trap.id] = module.__file__
+    TRAPS[trap.id] = trap
+    MUTANTS_OF[trap.id] = mutants
     return trap.id
 
 
-def _load() -> tuple[dict[str, Trap], dict[str, Mutant], dict[str, str]]:
-    traps, mutants, files = {}, {}, {}
-    for module in _modules():
-        _register(module, traps, mutants, files)
-    return traps, mutants, files
-
-
-TRAPS, MUTANTS, TRAP_FILES = _load()
+TRAPS: dict[str, Trap] = {}
+TRAP_FILES: dict[str, str] = {}
+MUTANTS_OF: dict[str, tuple[Mutant, ...]] = {}  # trap id -> the trap's mutants, its module's MUTANTS
+for _module in _modules():
+    _register(_module)
 USER_TRAPS: list[str] = []  # ids of the traps load_directory() added, in its order
 
 
@@ -70,7 +71,7 @@ def load_directory(directory: str) -> list[str]:
         except Exception as e:
             raise ValueError(f"--fmha-cases {directory}: {path} does not import: {type(e).__name__}: {e}") from e
         sys.modules[name] = module
-        added.append(_register(module, TRAPS, MUTANTS, TRAP_FILES))
+        added.append(_register(module))
     USER_TRAPS.extend(added)
     return added
 
@@ -78,7 +79,7 @@ def load_directory(directory: str) -> list[str]:
 def in_process_mutants(trap_id: str) -> list:
     """The kernels of a trap's mutants that run in this process (not those that hang or crash
     it): what a case re-laid for another kernel must still catch (trap.laid_out_for)."""
-    return [m.kernel() for m in MUTANTS.values() if m.trap == trap_id and not m.isolate]
+    return [m.kernel() for m in MUTANTS_OF[trap_id] if not m.isolate]
 
 
 def named_cases() -> list[tuple[Trap, Sample]]:

@@ -2,11 +2,11 @@
 so single-request tests pass."""
 
 from fmha.regressions.paged_cases import PAGED
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="batch-drops-last-key", seeds=(),
+    id="batch-drops-last-key", seed_logs=(),
     source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="each request of a batch misses its last key",
     root_cause="the batched path's bound is kv_len - 1",
@@ -14,4 +14,4 @@ TRAP = Trap(
            reproducer(PAGED.replace(ragged=True), kv_lens=(9, 3, 5), q_lens=(2, 2, 1), seed=3, why="packed queries")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "batch_drops_last_key"),)
+MUTANTS = proving(TRAP.id)

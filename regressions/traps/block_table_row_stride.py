@@ -2,11 +2,11 @@
 pages. A batch of one passes."""
 
 from fmha.regressions.paged_cases import SHIPPED, PAGED
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="block-table-row-stride", seeds=(),
+    id="block-table-row-stride", seed_logs=(),
     source=SHIPPED,
     symptom="every request of a batch gets the first request's keys",
     root_cause="the block table pointer does not advance by its row stride per request",
@@ -14,4 +14,4 @@ TRAP = Trap(
            reproducer(PAGED.replace(ragged=True), kv_lens=(9, 3, 5), q_lens=(2, 2, 1), seed=3, why="packed queries")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "one_table_row"),)
+MUTANTS = proving(TRAP.id)

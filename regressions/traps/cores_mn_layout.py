@@ -8,7 +8,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="cores-mn-layout", seeds=("002",),
+    id="cores-mn-layout", seed_logs=("002",),
     symptom="P.V is garbage (cosine far below 1) while QK^T and the softmax are right",
     root_cause="the canonical layout of V used the wrong number of core matrices along MN (16 instead of 2)",
     cases=(reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=64),

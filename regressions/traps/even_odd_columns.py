@@ -8,7 +8,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="even-odd-columns", seeds=("003",),
+    id="even-odd-columns", seed_logs=("003",),
     source="seed 003, 'Key lessons': offset descriptors, even/odd column corruption",
     symptom="correct at head dim 64, wrong above it (the first K-tile is right)",
     root_cause="a shared-memory descriptor offset for K-tiles after the first swapped even and odd head-dim columns",

@@ -3,11 +3,11 @@ Tiles drawn with equal magnitudes share a scale and hide it; the sample layout g
 magnitudes 2^(i % 5 - 2)."""
 
 from fmha.regressions.paged_cases import SHIPPED, SPARSE
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="fp8-scale-wrong-tile", seeds=(),
+    id="fp8-scale-wrong-tile", seed_logs=(),
     source=SHIPPED,
     symptom="keys decoded with the wrong power of two per 64 dims: scores off by factors of 2",
     root_cause="the scale index is the tile index plus one",
@@ -16,4 +16,4 @@ TRAP = Trap(
                       kv_lens=(7, 4), seed=2, why="a paged FP8 cache")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "fp8_scale_of_the_next_tile"),)
+MUTANTS = proving(TRAP.id)

@@ -8,7 +8,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="gqa-head-mapping", seeds=("002",),
+    id="gqa-head-mapping", seed_logs=("002",),
     source="seed 002: the MQA launch (k_head_stride = 0), generalised to GQA",
     symptom="MHA and MQA pass; GQA heads attend to another head's keys",
     root_cause="query head h mapped to KV head h % Hkv instead of h // (Hq / Hkv)",

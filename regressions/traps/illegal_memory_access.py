@@ -11,7 +11,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="illegal-memory-access", seeds=("003",),
+    id="illegal-memory-access", seed_logs=("003",),
     source="seed 003, 'Next steps': tcgen05.mma TS crashed with illegal memory access",
     symptom="CUDA error: an illegal memory access was encountered (a segmentation fault when interpreted)",
     root_cause="the P.V operand's address was computed wrong and the load was not masked",

@@ -2,11 +2,11 @@
 exp(0) to the denominator."""
 
 from fmha.regressions.paged_cases import SPARSE
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="invalid-index-counted", seeds=(),
+    id="invalid-index-counted", seed_logs=(),
     source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="rows with invalid indices are scaled down; all-invalid rows are not empty",
     root_cause="the mask writes 0 where it should write -inf",
@@ -14,4 +14,4 @@ TRAP = Trap(
            reproducer(SPARSE.replace(sink=False), topk_lens=(6, 2), invalid=0.25, seed=9, why="no sink")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "minus_one_counts"),)
+MUTANTS = proving(TRAP.id)

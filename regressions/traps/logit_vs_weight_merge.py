@@ -15,7 +15,7 @@ from fmha.regressions.trap import Trap, reproducer
 from fmha.kernels.triton_dense import CAPABILITIES  # dense calls only: the mutant wraps fmha.attention's
 
 TRAP = Trap(
-    id="logit-vs-weight-merge", seeds=("000",),
+    id="logit-vs-weight-merge", seed_logs=("000",),
     symptom="hd 512 outputs are visibly wrong whenever the head-dim halves disagree about which keys matter",
     root_cause="the two head-dim halves of QK^T were attended separately and merged with the LSE (weight-space) formula",
     cases=(reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=8, heads_kv=1, head_dim=512, shared_kv=True),

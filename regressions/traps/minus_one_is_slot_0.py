@@ -3,11 +3,11 @@ clamp before the mask. Slot 0 is a real key of some request (or poison), so the 
 key it was never given."""
 
 from fmha.regressions.paged_cases import SHIPPED, SPARSE, TWO_SCOPES
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="minus-one-is-slot-0", seeds=(),
+    id="minus-one-is-slot-0", seed_logs=(),
     source=SHIPPED,
     symptom="rows with invalid indices attend slot 0's key: wrong output, or NaN where slot 0 is unwritten",
     root_cause="the gather clamps or casts the index before masking -1",
@@ -16,4 +16,4 @@ TRAP = Trap(
                       topk_lens=(6, 0), extra_topk_lens=(4, 2), invalid=0.5, seed=6, why="half the indices of both scopes -1")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "minus_one_is_slot_0"),)
+MUTANTS = proving(TRAP.id)

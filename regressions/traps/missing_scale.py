@@ -6,7 +6,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="missing-scale", seeds=("003",),
+    id="missing-scale", seed_logs=("003",),
     symptom="the softmax is far too peaky (logits sqrt(hd) times too large); the LSE is off even with one key",
     root_cause="the softmax used the raw QK^T dot products without 1/sqrt(head_dim)",
     cases=(reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=128), why="decode, N(0,1)"),

@@ -8,7 +8,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="multi-tile-rescale", seeds=("000", "002"),
+    id="multi-tile-rescale", seed_logs=("000", "002"),
     symptom="exact with one KV tile, wrong with several whenever a later tile holds a larger logit",
     root_cause="the output accumulator was not rescaled when the running maximum changed between KV tiles",
     cases=(reproducer(Problem(batch=1, q_len=1, kv_len=256, heads_q=4, heads_kv=1, head_dim=64),

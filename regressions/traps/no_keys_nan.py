@@ -2,11 +2,11 @@
 lse = -inf (or the sink)."""
 
 from fmha.regressions.paged_cases import SHIPPED, PAGED
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="no-keys-nan", seeds=(),
+    id="no-keys-nan", seed_logs=(),
     source=SHIPPED,
     symptom="NaN rows for requests with an empty cache",
     root_cause="the epilogue divides by a row sum of 0",
@@ -15,4 +15,4 @@ TRAP = Trap(
                       kv_lens=(0, 3, 5), q_lens=(2, 1, 1), seed=4, why="packed queries of an empty request")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "no_keys_nan"),)
+MUTANTS = proving(TRAP.id)

@@ -8,7 +8,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="normalize-twice", seeds=("002",),
+    id="normalize-twice", seed_logs=("002",),
     symptom="the output is row_sum times too small (128x on uniform scores over 128 keys); cosine is still ~1",
     root_cause="the epilogue divides by the softmax row sum although P was already normalised",
     cases=(reproducer(Problem(batch=1, q_len=1, kv_len=128, heads_q=4, heads_kv=1, head_dim=64),

@@ -2,11 +2,11 @@
 the allocator hands out runs."""
 
 from fmha.regressions.paged_cases import PAGED
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="pages-assumed-contiguous", seeds=(),
+    id="pages-assumed-contiguous", seed_logs=(),
     source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="wrong keys once pages are shuffled, as a serving engine's allocator leaves them",
     root_cause="the block table's first entry and an offset instead of a lookup per page",
@@ -15,4 +15,4 @@ TRAP = Trap(
                       kv_lens=(5, 2, 4), seed=3, why="block size 1: every key its own page")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "contiguous_pages"),)
+MUTANTS = proving(TRAP.id)

@@ -7,7 +7,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="partial-head-dim", seeds=("000", "003"),
+    id="partial-head-dim", seed_logs=("000", "003"),
     symptom="correct at head dim 64, wrong above it; with energy only in the upper head dims the scores are all zero",
     root_cause="QK^T summed over the first 64 head dims only",
     cases=(reproducer(Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=128),

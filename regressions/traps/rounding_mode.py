@@ -11,7 +11,7 @@ from fmha.regressions.symptoms import rounding_bias
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="rounding-mode", seeds=("003",),
+    id="rounding-mode", seed_logs=("003",),
     source="seed 003: threshold RNE, '2.75 must use >= (not >)'",
     symptom="outputs are biased toward zero by half a bf16 ulp; cosine, error ratio and ulp bounds all pass",
     root_cause="the fp32 -> bf16 output conversion truncates instead of rounding to nearest even",

@@ -2,11 +2,11 @@
 the denominator twice."""
 
 from fmha.regressions.paged_cases import SHIPPED, SPARSE, TWO_SCOPES
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="sink-per-scope", seeds=(),
+    id="sink-per-scope", seed_logs=(),
     source=SHIPPED,
     symptom="with a sink and two caches, every weight is too small by the sink's second share",
     root_cause="the sink is added per scope instead of once to the one softmax over both",
@@ -16,4 +16,4 @@ TRAP = Trap(
                       seed=8, why="both scopes FP8, block size 1")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "sink_per_scope"),)
+MUTANTS = proving(TRAP.id)

@@ -2,11 +2,11 @@
 (block_size - 1)): right for powers of two only. DSV4's tests draw block sizes 5, 53, 61, 69."""
 
 from fmha.regressions.paged_cases import PAGED
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="slots-as-powers-of-two", seeds=(),
+    id="slots-as-powers-of-two", seed_logs=(),
     source="a paged-kernel bug class the contract-v2 laws exist for (properties/paged_laws.py)",
     symptom="wrong keys for block sizes that are not powers of two; 1, 2, 16, 64 pass",
     root_cause="page and offset computed with bit operations",
@@ -14,4 +14,4 @@ TRAP = Trap(
            reproducer(PAGED.replace(block_size=3, kv_len=8), kv_lens=(8, 8, 2), seed=2, why="block size 3")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "power_of_two_pages"),)
+MUTANTS = proving(TRAP.id)

@@ -8,7 +8,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="smem-stride", seeds=("002",),
+    id="smem-stride", seed_logs=("002",),
     symptom="scores are mostly garbage: the K tile in shared memory is mostly unwritten",
     root_cause="a cooperative shared-memory copy strided by the CTA size (192) while one warp (32 threads) ran it",
     cases=(reproducer(Problem(batch=1, q_len=8, kv_len=128, heads_q=2, heads_kv=1, head_dim=64),

@@ -2,11 +2,11 @@
 indices of an earlier step."""
 
 from fmha.regressions.paged_cases import SHIPPED, SPARSE, TWO_SCOPES
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="topk-len-ignored", seeds=(),
+    id="topk-len-ignored", seed_logs=(),
     source=SHIPPED,
     symptom="requests with topk_len < top-k attend keys past their length",
     root_cause="the loop runs to top-k instead of the request's topk_len",
@@ -15,4 +15,4 @@ TRAP = Trap(
                       topk_lens=(6, 6), extra_topk_lens=(4, 1), seed=6, why="only the second scope is cut short")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "topk_len_ignored"),)
+MUTANTS = proving(TRAP.id)

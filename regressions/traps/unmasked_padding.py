@@ -7,7 +7,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="unmasked-padding", seeds=("002",),
+    id="unmasked-padding", seed_logs=("002",),
     symptom="wrong (shrunk) outputs whenever S is not a multiple of the KV tile, exact when it is",
     root_cause="keys past S in the last KV tile were not masked out of the softmax",
     cases=(reproducer(Problem(batch=1, q_len=1, kv_len=100, heads_q=4, heads_kv=1, head_dim=64),

@@ -19,7 +19,7 @@ from fmha.regressions.mutation import Mutant, patched_triton_kernel, wrapped_ker
 from fmha.regressions.trap import Trap, reproducer
 
 TRAP = Trap(
-    id="warp-collective-tmem", seeds=("001",),
+    id="warp-collective-tmem", seed_logs=("001",),
     symptom="the kernel hangs, or half of each output row is never written",
     root_cause="a warp-collective TMEM load/store executed by 16 of 32 lanes (loop over 16 columns with a 32-lane stride)",
     cases=(reproducer(Problem(batch=1, q_len=4, kv_len=64, heads_q=2, heads_kv=2, head_dim=64),

@@ -4,13 +4,13 @@ shipped it: its decode-only launch took program i to be the i-th decode, so a re
 rows shifted every request after it onto another request's keys."""
 
 from fmha.regressions.paged_cases import PAGED
-from fmha.regressions.paged_mutants import as_mutant
+from fmha.regressions.paged_mutants import proving
 from fmha.regressions.trap import Trap, reproducer
 
 DECODES = PAGED.replace(batch=4, q_len=1, ragged=True)
 
 TRAP = Trap(
-    id="zero-query-request", seeds=(),
+    id="zero-query-request", seed_logs=(),
     source="vLLM's Triton unified_attention through the paged call (reproduced on CPU and an H200)",
     symptom="the decodes after a request with no query rows come out wrong, or unwritten",
     root_cause="requests with no query rows dropped from the launch: program i reads the i-th request's keys",
@@ -18,4 +18,4 @@ TRAP = Trap(
            reproducer(DECODES, kv_lens=(4, 9, 2, 7), q_lens=(1, 0, 1, 1), seed=5, why="no rows between decodes")),
 )
 
-MUTANTS = (as_mutant(TRAP.id, "zero_query_request_shifts_rows"),)
+MUTANTS = proving(TRAP.id)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from fmha.oracles import key_sources, quantization, reference
+from fmha.oracles import quantization, reference
+from fmha.oracles.oracle import attention, from_call, oracle_over
 from fmha.oracles.sample import Sample
 from fmha.contract import Problem
 
@@ -29,7 +30,7 @@ def _dense(sample):
 def test_full_length_pages_hold_the_dense_draw(block_size):
     sample = Sample(problem=PAGED.replace(block_size=block_size), seed=4)
     x, dense = sample.inputs(), _dense(sample)
-    got = key_sources.oracle(x.q, x.oracle_sources, causal=True)
+    got = oracle_over(x.q, x.oracle_sources, causal=True)
     want_o, want_lse = reference.attention(dense.q, dense.k, dense.v, causal=True)
     torch.testing.assert_close(got.o, want_o, **F64)
     torch.testing.assert_close(got.lse, want_lse, **F64)
@@ -59,7 +60,7 @@ def test_ragged_queries_are_each_requests_rows_packed():
 def test_sparse_indices_read_exactly_the_requests_keys_in_every_row():
     sample = Sample(problem=SPARSE, seed=3)
     x, dense = sample.inputs(), _dense(sample)
-    got = key_sources.oracle(x.q, x.oracle_sources, sink=x.sink)
+    got = oracle_over(x.q, x.oracle_sources, sink=x.sink)
     want_o, want_lse = reference.attention(dense.q, dense.k, dense.v, sink=dense.sink)
     torch.testing.assert_close(got.o, want_o, **F64)
     torch.testing.assert_close(got.lse, want_lse, **F64)
@@ -74,7 +75,7 @@ def test_invalid_indices_and_topk_lengths_take_keys_away():
     x = sample.inputs()
     indices = x.source_args["indices"]
     assert (indices == -1).float().mean() == pytest.approx(0.3, abs=0.2) and x.source_args["topk_len"].tolist() == [7, 2]
-    got_o, _ = key_sources.attention(x.q, x.oracle_sources, sink=x.sink)
+    got_o, _ = attention(x.q, x.oracle_sources, sink=x.sink)
     dense = _dense(sample)
     b, t = 1, 0  # request 1 reads its first two indices only
     keys = [int(s) for s in indices[b, t, :2] if s != -1]
@@ -95,7 +96,7 @@ def test_quantized_bytes_decode_to_what_the_oracle_reads_and_unread_tokens_to_na
     for cache, name, oracle_source in scopes:
         spec = quantization.LAYOUTS[name]
         assert cache.dtype == torch.uint8 and cache.shape[2:] == (1, spec.token_bytes)
-        decoded = key_sources.from_call(cache, cache, indices=oracle_source.indices, cache_layout=name)[0].k_cache
+        decoded = from_call(cache, cache, indices=oracle_source.indices, cache_layout=name)[0].k_cache
         assert torch.equal(decoded.nan_to_num(7.0), oracle_source.k_cache.nan_to_num(7.0))
         read = set(oracle_source.indices.flatten().tolist()) - {-1}
         flat = decoded.flatten(0, 1)

@@ -11,12 +11,16 @@ quantized formats), or what the caller passes.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from fmha.contract.pages import request_slots
-from fmha.oracles import key_sources, quantization
-from fmha.oracles.sample import Inputs, Sample
+from fmha.contract.slots import request_slots
+from fmha.oracles import oracle, quantization
+from fmha.oracles.inputs import Inputs
+
+if TYPE_CHECKING:  # a Sample lays itself out here
+    from fmha.oracles.sample import Sample
 
 # Poison bytes of an unread quantized token: NaN (e2m1 has no NaN code: its tile's scale
 # carries it), or else huge finite values: the largest element at a scale of 2^40.
@@ -89,8 +93,8 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     k_call, oracle_k = _quantized(k_cache, p.cache_layout, _read(table, kv_lens, bs), fill)
     v_call, oracle_v = (k_call, oracle_k) if v_cache is k_cache else (v_cache, v_cache)
     args["cache_layout"] = p.cache_layout
-    oracle = key_sources.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
-    return Inputs(sample, q, k_call, v_call, sink, _given(args), [oracle])
+    source = oracle.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
+    return Inputs(sample, q, k_call, v_call, sink, _given(args), [source])
 
 
 def _read(table, kv_lens, block_size) -> torch.Tensor:
@@ -116,14 +120,14 @@ def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
         raise ValueError("a sparse sample holds K = V (DeepSeek-V4's one latent cache): problem.shared_kv")
     cast = dict(dtype=p.dtype, device=device)
     extra_k = sample.draw(g, kv_len=p.extra_topk)[1] if p.extra_topk is not None else None
-    args, oracle = _scope(sample, g, 1, k, p.block_size, sample.topk_lens, p.cache_layout, fill, cast, "")
+    args, sources = _scope(sample, g, 1, k, p.block_size, sample.topk_lens, p.cache_layout, fill, cast, "")
     if extra_k is not None:
-        extra_args, extra_oracle = _scope(sample, g, 2, extra_k, p.extra_block_size, sample.extra_topk_lens,
+        extra_args, extra_sources = _scope(sample, g, 2, extra_k, p.extra_block_size, sample.extra_topk_lens,
                                           p.extra_cache_layout, fill, cast, "extra_")
         args |= extra_args
-        oracle += extra_oracle
+        sources += extra_sources
     cache = args.pop("k_cache")
-    return Inputs(sample, q.to(**cast), cache, cache, sink, _given(args), oracle)
+    return Inputs(sample, q.to(**cast), cache, cache, sink, _given(args), sources)
 
 
 def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, prefix):
@@ -147,7 +151,7 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
     k_call, oracle_cache = _quantized(cache, layout, slots.flatten(), fill, sample.cache_exponent, sample.outliers)
     args = {f"{prefix}k_cache": k_call, f"{prefix}indices": indices, f"{prefix}topk_len": topk_len,
             f"{prefix}cache_layout": layout}
-    return args, [key_sources.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
+    return args, [oracle.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
 
 
 def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int):

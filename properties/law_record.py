@@ -28,10 +28,12 @@ from hypothesis import Phase, assume, example, given, note, reject
 from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 
 from fmha.contract import FULL_CONTRACT, KernelEntry, NotSupportedError
-from fmha.oracles.check import bitwise_difference, first_difference, oracle_of
-from fmha.oracles.key_sources import Oracle
+from fmha.oracles.check import oracle_of
+from fmha.oracles.kernel_call import bitwise_difference, first_difference
+from fmha.oracles.oracle import Oracle
 from fmha.oracles.metrics import measure
-from fmha.oracles.sample import Inputs, Sample
+from fmha.oracles.inputs import Inputs
+from fmha.oracles.sample import Sample
 from fmha.oracles.verdict import TOLERANCES, judge, two_sided
 from fmha.properties.paged_strategies import paged_samples
 from fmha.properties.pinned import PINNED
@@ -50,7 +52,7 @@ OPERANDS = {"kernel": ("kernel",), "kernel+merge": ("kernel", "merge"), "merge":
 class Law:
     check: Callable  # check(*operands, sample, device)
     test: str  # its test in properties/test_laws.py; known-failure records name it
-    mutant: str  # a kernel (or merge) with the bug it is made for (fmha.regressions.law_mutants.MUTANTS)
+    mutant: str  # the mutant with the bug it is made for (fmha.regressions.mutants.MUTANTS), proven by tests/test_law_mutants.py
     draws: str = "dense"
     sources: tuple[str, ...] = ("dense",)  # paged draws: the key sources drawn (a kernel needs one of them)
     needs: tuple[str, ...] = ()  # features or sources every draw uses: the kernel must declare them all
@@ -81,19 +83,10 @@ class Law:
         return self.check(*args)
 
     def require(self, kernel: KernelEntry, device: str) -> None:
-        """Skip, with the kernel's reason, when it cannot run on `device` or lacks what the law
-        draws or needs."""
-        caps = kernel.capabilities_on(device)
-        unavailable = kernel.availability(device)
-        if unavailable or device not in caps.devices:
-            pytest.skip(f"{kernel.name}: {unavailable or f'no {device} kernel'}")
-        if not caps.sources & set(self.sources):
-            pytest.skip(f"{kernel.name}: this law needs a {' or '.join(self.sources)} source; the kernel declares "
-                        f"{', '.join(sorted(caps.sources))} (Capabilities.sources)")
-        missing = [n for n in self.needs if n not in caps.sources | caps.features | caps.cache_layouts]
-        if missing:
-            pytest.skip(f"{kernel.name}: this law needs {', '.join(missing)} ("
-                        + "; ".join(caps.notes.get(n, f"no {n} support") for n in missing) + ")")
+        """Skip, with the kernel's reasons, when its declaration excludes the law on `device`."""
+        reasons = kernel.not_supported_reasons(None, device, self.needs, any_source=self.sources)
+        if reasons:
+            pytest.skip(f"{kernel.name}: {'; '.join(reasons)}")
 
     def strategy(self, kernel: KernelEntry | None, device: str):
         """Samples inside the kernel's capabilities (the merge's own for a merge law)."""

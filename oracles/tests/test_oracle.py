@@ -5,7 +5,8 @@ shuffled and shared pages and NaN wherever no key should be read."""
 import pytest
 import torch
 
-from fmha.oracles import key_sources, reference
+from fmha.oracles import reference
+from fmha.oracles.oracle import Dense, Paged, Sparse, attention, oracle_over
 from fmha.oracles.tests import bruteforce
 
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -48,7 +49,7 @@ def test_paged_oracle_matches_scalar_loops(block_size, mask, with_sink):
     k_cache, v_cache, table, kv_lens = _paged_case(g, block_size)
     q = torch.randn(3, 2, 4, 4, dtype=torch.float64, generator=g)
     sink = torch.randn(4, dtype=torch.float64, generator=g) if with_sink else None
-    o, lse = key_sources.attention(q, [key_sources.Paged(k_cache, v_cache, table, kv_lens)], sink=sink, **mask)
+    o, lse = attention(q, [Paged(k_cache, v_cache, table, kv_lens)], sink=sink, **mask)
     assert not o.isnan().any(), "a poisoned slot leaked"
     o_bf, lse_bf = bruteforce.paged_attention(q.tolist(), k_cache.tolist(), v_cache.tolist(), table.tolist(),
                                               kv_lens.tolist(), sink=None if sink is None else sink.tolist(), **mask)
@@ -62,7 +63,7 @@ def test_ragged_queries_each_aligned_on_their_own_kv_length_match_scalar_loops()
     cu_seqlens_q = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # 2, 1 (no keys) and 3 query rows
     q = torch.randn(6, 4, 4, dtype=torch.float64, generator=g)
     for mask in (dict(), dict(causal=True), dict(window=2)):
-        o, lse = key_sources.attention(q, [key_sources.Paged(k_cache, v_cache, table, kv_lens)],
+        o, lse = attention(q, [Paged(k_cache, v_cache, table, kv_lens)],
                                    cu_seqlens_q=cu_seqlens_q, **mask)
         assert o.shape == (6, 4, 3) and lse.shape == (4, 6)
         o_bf, lse_bf = bruteforce.paged_attention(q.tolist(), k_cache.tolist(), v_cache.tolist(), table.tolist(),
@@ -98,7 +99,7 @@ def test_sparse_oracle_matches_scalar_loops(with_sink, two_scopes):
         scopes.append(_sparse_scope(g, 7, 2, 3, [3, 0]))
     q = torch.randn(2, 2, 3, 4, dtype=torch.float64, generator=g)
     sink = torch.randn(3, dtype=torch.float64, generator=g) if with_sink else None
-    o, lse = key_sources.attention(q, [key_sources.Sparse(c, c, i, n) for c, i, n in scopes], sink=sink, causal=True)
+    o, lse = attention(q, [Sparse(c, c, i, n) for c, i, n in scopes], sink=sink, causal=True)
     assert not o.isnan().any(), "a poisoned slot leaked"
     o_bf, lse_bf = bruteforce.sparse_attention(q.tolist(), [(c.tolist(), c.tolist(), i.tolist(), n.tolist())
                                                             for c, i, n in scopes],
@@ -124,12 +125,12 @@ def test_paged_and_sparse_over_the_same_keys_equal_the_dense_oracle():
     k_cache = padded(k).view(pages, block_size, 2, 8).flip(0)
     v_cache = padded(v).view(pages, block_size, 2, 5).flip(0)
     table = torch.arange(pages - 1, -1, -1, dtype=torch.int32)[None]
-    paged = key_sources.Paged(k_cache, v_cache, table, torch.tensor([S], dtype=torch.int32))
-    o_paged, lse_paged = key_sources.attention(q, [paged], causal=True)
+    paged = Paged(k_cache, v_cache, table, torch.tensor([S], dtype=torch.int32))
+    o_paged, lse_paged = attention(q, [paged], causal=True)
     slot = lambda j: int(table[0, j // block_size]) * block_size + j % block_size  # noqa: E731
     indices = torch.tensor([[[slot(j) if j <= S - T + i else -1 for j in range(S)] for i in range(T)]],
                            dtype=torch.int32)
-    o_sparse, lse_sparse = key_sources.attention(q, [key_sources.Sparse(k_cache, v_cache, indices)])
+    o_sparse, lse_sparse = attention(q, [Sparse(k_cache, v_cache, indices)])
     for got in ((o_paged, lse_paged), (o_sparse, lse_sparse)):
         torch.testing.assert_close(got[0], o, **F64)
         torch.testing.assert_close(got[1], lse, **F64)
@@ -144,13 +145,13 @@ def test_the_oracles_scales_over_pages_equal_the_dense_oracles():
     k = torch.randn(2, 6, 2, 8, dtype=torch.float64, generator=g)
     v = torch.randn(2, 6, 2, 5, dtype=torch.float64, generator=g)
     sink = torch.randn(4, dtype=torch.float64, generator=g)
-    dense = key_sources.oracle(q, [key_sources.Dense(k, v)], sink=sink, scale=0.3)
+    dense = oracle_over(q, [Dense(k, v)], sink=sink, scale=0.3)
     table = torch.tensor([[1, 0, 2], [4, 5, 3]], dtype=torch.int32)  # pages of 2: request b, keys 2i, 2i+1
     k_cache, v_cache = torch.empty(6, 2, 2, 8, dtype=torch.float64), torch.empty(6, 2, 2, 5, dtype=torch.float64)
     for b in range(2):
         for i in range(3):
             k_cache[table[b, i]], v_cache[table[b, i]] = k[b, 2 * i:2 * i + 2], v[b, 2 * i:2 * i + 2]
-    paged = key_sources.oracle(q, [key_sources.Paged(k_cache, v_cache, table, torch.tensor([6, 6], dtype=torch.int32))],
+    paged = oracle_over(q, [Paged(k_cache, v_cache, table, torch.tensor([6, 6], dtype=torch.int32))],
                            sink=sink, scale=0.3)
     for name in ("o", "lse", "o_abs", "logit_magnitude", "underflow"):
         torch.testing.assert_close(getattr(paged, name), getattr(dense, name), **F64, msg=name)

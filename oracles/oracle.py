@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from fmha.contract.pages import request_slots
+from fmha.contract.slots import request_slots
 from fmha.oracles.quantization import LAYOUTS, dequantize, pages_of
 from fmha.oracles.reference import NEG_INF, softmax_with_sink, visibility_mask
 
@@ -176,9 +176,9 @@ def attention(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch
     return _stack([o for o, _ in results], ragged, 0), _stack([lse for _, lse in results], ragged, 1)
 
 
-def oracle(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
-           scale: float | None = None, causal: bool = False, window: int | None = None,
-           sink: torch.Tensor | None = None) -> Oracle:
+def oracle_over(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
+                scale: float | None = None, causal: bool = False, window: int | None = None,
+                sink: torch.Tensor | None = None) -> Oracle:
     """`attention` and what the verdict needs beside it (`Oracle`), in one pass. For
     ragged queries the tensors are shaped as one request of total_q rows: o (1, total_q, Hq,
     Dv), lse (1, Hq, total_q)."""

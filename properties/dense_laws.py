@@ -1,5 +1,5 @@
 """The contract's metamorphic laws over dense keys (contract v1), one function each, each a
-`Law` record (fmha.properties.law): what it draws and needs, the promise that makes it
+`Law` record (fmha.properties.law_record): what it draws and needs, the promise that makes it
 bitwise, its test and the mutant it is proven on. Those over paged and sparse caches are in
 paged_laws.py.
 """
@@ -13,9 +13,11 @@ import torch
 
 from fmha.contract import KernelEntry
 from fmha.oracles import reference
-from fmha.oracles.check import bitwise_difference, judge_run, oracle_of, run_kernel
-from fmha.oracles.sample import Inputs, Sample, lay_out
-from fmha.properties.law import assert_agrees, assert_bitwise, assert_same, law, unsigned_zeros, variant
+from fmha.oracles.check import judge_run, oracle_of
+from fmha.oracles.kernel_call import bitwise_difference, run_kernel
+from fmha.oracles.inputs import Inputs
+from fmha.oracles.sample import Sample, lay_out
+from fmha.properties.law_record import assert_agrees, assert_bitwise, assert_same, law, unsigned_zeros, variant
 
 
 def _call(kernel: KernelEntry, x: Inputs, q=None, k=None, v=None, **changes):
@@ -25,7 +27,7 @@ def _call(kernel: KernelEntry, x: Inputs, q=None, k=None, v=None, **changes):
 
 # -- the laws -------------------------------------------------------------------------------
 
-@law(test="test_agrees_with_the_oracle", mutant="no_scale")
+@law(test="test_agrees_with_the_oracle", mutant="no-scale")
 def agrees_with_oracle(kernel, sample: Sample, device):
     """A random call agrees with the float64 oracle under the verdict."""
     run = run_kernel(kernel, sample.inputs(device))
@@ -33,7 +35,7 @@ def agrees_with_oracle(kernel, sample: Sample, device):
     assert verdict.passed, verdict.message(f"{kernel.name} {sample.id}")
 
 
-@law(test="test_invisible_keys_and_storage_past_s_do_not_leak", mutant="nan_leak",
+@law(test="test_invisible_keys_and_storage_past_s_do_not_leak", mutant="nan-leak",
      exact_under="bitwise_deterministic")
 def invisible_keys_do_not_leak(kernel, sample: Sample, device):
     """Keys older than every row's window, and storage past S, filled with NaN or 1e30,
@@ -50,7 +52,7 @@ def invisible_keys_do_not_leak(kernel, sample: Sample, device):
                     f"{kernel.name} {sample.id}: the {hidden} hidden keys and the storage past S = {poison}", x)
 
 
-@law(test="test_permuting_keys_and_values_together_changes_nothing", mutant="positional_bias")
+@law(test="test_permuting_keys_and_values_together_changes_nothing", mutant="positional-bias")
 def key_permutation_invariant(kernel, sample: Sample, device):
     """Without a mask, permuting keys and values together changes nothing but rounding."""
     sample = variant(kernel, sample, device, causal=False, window=None)
@@ -64,7 +66,7 @@ def key_permutation_invariant(kernel, sample: Sample, device):
     assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: keys permuted", lse, oracle.lse, oracle)
 
 
-@law(test="test_output_is_linear_in_v", mutant="logits_from_v", exact_under="bitwise_deterministic")
+@law(test="test_output_is_linear_in_v", mutant="logits-from-v", exact_under="bitwise_deterministic")
 def linear_in_v(kernel, sample: Sample, device):
     """o(2^e v) = 2^e o(v); o(v1 + v2) = o(v1) + o(v2) when v1 and v2 live in disjoint
     columns. Both are exact in floating point: bitwise for a bitwise-deterministic kernel."""
@@ -102,7 +104,7 @@ def linear_in_v(kernel, sample: Sample, device):
                    f"{what}: o(v1) + o(v2) vs o(v1 + v2), disjoint columns")
 
 
-@law(test="test_gqa_equals_mha_with_repeated_kv_heads", mutant="head_modulo", needs=("gqa",))
+@law(test="test_gqa_equals_mha_with_repeated_kv_heads", mutant="head-modulo", needs=("gqa",))
 def gqa_equals_mha_with_repeated_kv(kernel, sample: Sample, device):
     """GQA equals MHA with each KV head repeated for its group of query heads."""
     p = sample.problem
@@ -115,7 +117,7 @@ def gqa_equals_mha_with_repeated_kv(kernel, sample: Sample, device):
                   oracle_of(x))
 
 
-@law(test="test_k_is_v_equals_separate_copies", mutant="prescale_k_in_place", needs=("shared_kv",),
+@law(test="test_k_is_v_equals_separate_copies", mutant="prescale-k-in-place", needs=("shared_kv",),
      exact_under="bitwise_deterministic")
 def k_is_v_equals_copies(kernel, sample: Sample, device):
     """Passing one tensor as k and v equals passing k and a copy of it."""
@@ -125,7 +127,7 @@ def k_is_v_equals_copies(kernel, sample: Sample, device):
                 f"{kernel.name} {sample.id}: k is v vs a copy of k as v", x)
 
 
-@law(test="test_a_batch_row_alone_equals_the_row_in_the_batch", mutant="batch_max",
+@law(test="test_a_batch_row_alone_equals_the_row_in_the_batch", mutant="batch-max",
      exact_under="batch_invariant")
 def batch_rows_independent(kernel, sample: Sample, device):
     """A batch row computed alone equals the same row inside the batch (the first, a middle
@@ -141,7 +143,7 @@ def batch_rows_independent(kernel, sample: Sample, device):
                     f"{kernel.name} {sample.id}: batch row {b} alone vs in the batch", alone)
 
 
-@law(test="test_two_runs_give_the_same_answer", mutant="random_key_order", exact_under="bitwise_deterministic")
+@law(test="test_two_runs_give_the_same_answer", mutant="random-key-order", exact_under="bitwise_deterministic")
 def deterministic(kernel, sample: Sample, device):
     """A second run of the same call gives the same answer."""
     x = sample.inputs(device)
@@ -149,7 +151,7 @@ def deterministic(kernel, sample: Sample, device):
                 f"{kernel.name} {sample.id}: second run vs first", x)
 
 
-@law(test="test_decode_row_equals_the_last_prefill_row", mutant="top_left")
+@law(test="test_decode_row_equals_the_last_prefill_row", mutant="top-left")
 def decode_row_equals_last_prefill_row(kernel, sample: Sample, device):
     """A decode call (the last query row alone) equals the last row of the prefill call."""
     x = sample.inputs(device)
@@ -159,7 +161,7 @@ def decode_row_equals_last_prefill_row(kernel, sample: Sample, device):
                   lse_decode, None if lse is None else lse[..., -1:], oracle_of(x.with_tensors(q=x.q[:, -1:])))
 
 
-@law(test="test_keys_split_anywhere_and_merged_equal_all_keys", mutant="max_merge",
+@law(test="test_keys_split_anywhere_and_merged_equal_all_keys", mutant="max-merge",
      operands="kernel+merge", needs=("lse", "sink"))
 def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
     """Attention over keys split anywhere (an empty part included) and merged with the sink
@@ -193,7 +195,7 @@ def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
                   lse, oracle.lse, oracle, perfect_o=perfect_o)
 
 
-@law(test="test_merge_is_commutative_associative_and_idempotent_up_to_ln2", mutant="max_merge",
+@law(test="test_merge_is_commutative_associative_and_idempotent_up_to_ln2", mutant="max-merge",
      draws="merge", operands="merge")
 def merge_algebra(merge, sample: Sample, device):
     """Merge is commutative and associative; a part merged with itself keeps o and raises
@@ -233,7 +235,7 @@ def merge_algebra(merge, sample: Sample, device):
         f"got {float(gap.min()):.7f}..{float(gap.max()):.7f}")
 
 
-@law(test="test_sink_minus_infinity_equals_no_sink", mutant="sink_added_not_exp", needs=("sink",))
+@law(test="test_sink_minus_infinity_equals_no_sink", mutant="sink-added-not-exp", needs=("sink",))
 def minus_infinity_sink_is_no_sink(kernel, sample: Sample, device):
     """A sink of -inf equals no sink."""
     sample = variant(kernel, sample, device, sink=True)
@@ -245,7 +247,7 @@ def minus_infinity_sink_is_no_sink(kernel, sample: Sample, device):
                   oracle_of(x.with_tensors(sink=None)))
 
 
-@law(test="test_window_at_least_s_equals_causal", mutant="window_capped", needs=("window", "causal"))
+@law(test="test_window_at_least_s_equals_causal", mutant="window-capped", needs=("window", "causal"))
 def window_at_least_s_is_causal(kernel, sample: Sample, device):
     """A window of S keys or more equals causal."""
     sample = variant(kernel, sample, device, window=None, causal=True)
@@ -259,7 +261,7 @@ def window_at_least_s_is_causal(kernel, sample: Sample, device):
                       oracle)
 
 
-@law(test="test_the_same_buffers_refilled_give_the_new_answer", mutant="cached_by_address")
+@law(test="test_the_same_buffers_refilled_give_the_new_answer", mutant="cached-by-address")
 def refilled_buffers_give_the_new_answer(kernel, sample: Sample, device):
     """The same tensors, refilled in place with another draw's values, give that draw's answer:
     a kernel that caches its results (or a plan, a descriptor) by address or by shape fails."""

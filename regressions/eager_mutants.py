@@ -1,12 +1,10 @@
-"""The kernels each law is proven on (`Law.mutant`, tests/test_law_mutants.py): a kernel, or a
-merge, with the one realistic bug the law is made for, and its correct twin, which obeys it.
+"""Mutants the dense laws are proven on (`Law.mutant`, tests/test_law_mutants.py): a plain
+float32 eager attention with one realistic mistake switched on (it makes both promises, bitwise
+determinism and batch invariance, as its correct twin keeps them), a D5 merge that takes
+max(lse) for logsumexp, and kernels that remember answers by their inputs' addresses. Each is
+a `Mutant` of fmha.regressions.mutants, run like any kernel:
 
-Dense laws: a plain float32 eager attention with one mistake switched on (it makes both
-promises, bitwise determinism and batch invariance, as the correct one keeps them); a D5 merge
-that takes max(lse) for logsumexp. Paged laws: the float64 reference kernel with one paged or
-sparse bug (fmha.regressions.paged_mutants). Plug one in like any kernel:
-
-    pytest --pyargs fmha.properties --fmha-kernel fmha.regressions.law_mutants:no_scale
+    pytest --pyargs fmha.properties --fmha-kernel mutant:no-scale
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import torch
 from fmha.contract import Capabilities, KernelEntry, MergeEntry, check_merge_args
 from fmha.kernels.torch_merge import merge as correct_merge
 from fmha.oracles.reference_kernel import ENTRY as REFERENCE
-from fmha.regressions import paged_mutants
+from fmha.regressions.mutation import Mutant
 
 # bug -> what it does wrong
 BUGS = {
@@ -116,15 +114,6 @@ def max_instead_of_logsumexp(parts, sink=None):
     return o.to(parts[0][0].dtype), top
 
 
-def max_instead_of_logsumexp(parts, sink=None):
-    """A D5 merge that takes L = max(lse_i) instead of log(sum exp(lse_i))."""
-    check_merge_args(parts, sink)
-    lses = torch.stack([lse for _, lse in parts])
-    top = lses.amax(0)
-    o = sum(torch.exp(lse - top).transpose(1, 2)[..., None] * o.float() for o, lse in parts)
-    return o.to(parts[0][0].dtype), top
-
-
 def cached_by_address(name: str, fn, capabilities: Capabilities) -> KernelEntry:
     """`fn` remembering its answers by its inputs' addresses and shapes (as a plan or result
     cache keyed too coarsely does): a second call on the same buffers returns the first answer."""
@@ -147,21 +136,15 @@ def cached_by_address(name: str, fn, capabilities: Capabilities) -> KernelEntry:
 
 CORRECT = eager_kernel(None)
 CORRECT_MERGE = MergeEntry("torch-merge", correct_merge)
-MAX_MERGE = MergeEntry("max-merge", max_instead_of_logsumexp, description="merge takes max(lse), not logsumexp")
 
-# name -> (the kernel or merge with the bug, its correct twin)
-MUTANTS: dict[str, tuple[KernelEntry | MergeEntry, KernelEntry | MergeEntry]] = {
-    **{bug: (eager_kernel(bug), CORRECT) for bug in BUGS},
-    "max_merge": (MAX_MERGE, CORRECT_MERGE),
-    "cached_by_address": (cached_by_address("cached-by-address", eager, PROMISING), CORRECT),
-    "paged_cached_by_address": (cached_by_address("paged-cached-by-address", REFERENCE.fn, REFERENCE.capabilities),
-                                REFERENCE),
-    **{name: (entry, REFERENCE) for name, entry in paged_mutants.MUTANTS.items()},
-}
-
-
-def __getattr__(name: str):
-    """`fmha.regressions.law_mutants:<name>` as a plug-in: the mutant's entry."""
-    if name in MUTANTS:
-        return MUTANTS[name][0]
-    raise AttributeError(f"no law mutant {name!r}; law mutants: {', '.join(MUTANTS)}")
+EAGER_MUTANTS = (
+    *(Mutant(bug.replace("_", "-"), "", what, lambda bug=bug: eager_kernel(bug), twin=lambda: CORRECT)
+      for bug, what in BUGS.items()),
+    Mutant("max-merge", "", "merge takes max(lse), not logsumexp",
+           lambda: MergeEntry("max-merge", max_instead_of_logsumexp), twin=lambda: CORRECT_MERGE),
+    Mutant("cached-by-address", "", "answers remembered by the inputs' addresses and shapes",
+           lambda: cached_by_address("cached-by-address", eager, PROMISING), twin=lambda: CORRECT),
+    Mutant("paged-cached-by-address", "", "a paged call's answers remembered by the inputs' addresses and shapes",
+           lambda: cached_by_address("paged-cached-by-address", REFERENCE.fn, REFERENCE.capabilities),
+           twin=lambda: REFERENCE),
+)

@@ -1,0 +1,135 @@
+"""One call of a kernel per the contract, and what it returned (`Run`).
+
+The output buffer is poisoned with a NaN carrying a payload no arithmetic produces, so an
+element the kernel never wrote is told apart from a NaN it computed. The call's inputs are
+read-only: a kernel that changes a byte of their storage fails, naming the input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fmha.contract import KernelEntry
+from fmha.contract.paged_validation import output_shape
+from fmha.oracles.inputs import Inputs
+
+# Quiet NaNs with a payload: a NaN a kernel computes (0/0, inf - inf) is the canonical one.
+POISON_BITS = {torch.bfloat16: 0x7FD5, torch.float16: 0x7E55, torch.float32: 0x7FC05A5A}
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+def _signed(bits: int, dtype: torch.dtype) -> int:
+    width = 16 if INT_VIEW[dtype] == torch.int16 else 32
+    return bits - (1 << width) if bits >= 1 << (width - 1) else bits
+
+
+def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    bits = torch.full(shape, _signed(POISON_BITS[dtype], dtype), dtype=INT_VIEW[dtype], device=device)
+    return bits.view(dtype)
+
+
+def still_poisoned(t: torch.Tensor) -> torch.Tensor:
+    return t.view(INT_VIEW[t.dtype]) == _signed(POISON_BITS[t.dtype], t.dtype)
+
+
+@dataclass
+class Run:
+    """What one call returned."""
+
+    inputs: Inputs
+    o: torch.Tensor
+    lse: torch.Tensor | None
+    unwritten: torch.Tensor | None  # elements of out= still holding the poison
+
+
+def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None) -> Run:
+    """Call the kernel per the contract; pass a poisoned out= when it supports out. Its inputs
+    are read-only: a kernel that changes any byte of their storage fails, naming the input."""
+    if use_out is None:
+        use_out = "out" in kernel.capabilities_on(inputs.q.device.type).features
+    kwargs = inputs.kwargs()
+    out = None
+    if use_out:
+        p = inputs.problem
+        out = poisoned(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device)
+        kwargs["out"] = out
+    call = {"q": inputs.q, "k": inputs.k, "v": inputs.v, **kwargs}
+    before = _storages(call)
+    result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
+    _assert_unchanged(kernel, call, before)
+    o, lse = _unpack(kernel, inputs, result)
+    if out is not None and o.data_ptr() != out.data_ptr():
+        raise AssertionError(f"{kernel.name}: out= was given but the returned o is a different tensor")
+    unwritten = still_poisoned(o) if out is not None else None
+    return Run(inputs, o, lse, unwritten)
+
+
+def _storages(call: dict) -> dict:
+    """A copy of the bytes of every input tensor's storage (past the view's elements too: what a
+    kernel must not write includes the slots and rows it must not read), by the argument that
+    names it first; out= is the kernel's to write."""
+    copies, seen = {}, set()
+    for name, value in call.items():
+        if name == "out" or not isinstance(value, torch.Tensor) or not value.numel():
+            continue
+        storage = value.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        copies[name] = (value, _bytes(value).clone())
+    return copies
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _assert_unchanged(kernel: KernelEntry, call: dict, before: dict) -> None:
+    for name, (tensor, copy) in before.items():
+        changed = _bytes(tensor) != copy
+        if bool(changed.any()):
+            first = int(torch.nonzero(changed)[0])
+            raise AssertionError(
+                f"{kernel.name}: the kernel modified its input {name} ({int(changed.sum())} of {changed.numel()} bytes of "
+                f"its storage, the first at byte {first}; the contract's inputs are read-only)")
+
+
+def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(o, lse) as the contract says, or an AssertionError saying what came back instead."""
+    p = inputs.problem
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
+        raise AssertionError(f"{kernel.name}: expected (o, lse) with lse a tensor or None, got {type(result).__name__}")
+    o, lse = result
+    expected = output_shape(p, total_q=inputs.q.shape[0])
+    if tuple(o.shape) != expected or o.dtype != p.dtype:
+        raise AssertionError(f"{kernel.name}: o should be {expected} {p.dtype}, got {tuple(o.shape)} {o.dtype}")
+    lse_shape = (p.heads_q, expected[0]) if p.ragged else (p.batch, p.heads_q, p.q_len)
+    if lse is not None and tuple(lse.shape) != lse_shape:
+        raise AssertionError(f"{kernel.name}: lse should be {lse_shape}, got {tuple(lse.shape)}")
+    return o, lse
+
+
+def bitwise_difference(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """How `a` and `b` differ bit for bit (NaN payloads included): how many elements and the
+    first; None when they do not."""
+    if a.shape != b.shape:
+        return f"shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}"
+    differ = a.contiguous().view(INT_VIEW.get(a.dtype, a.dtype)) != b.contiguous().view(INT_VIEW.get(b.dtype, b.dtype))
+    if not differ.any():
+        return None
+    first = tuple(torch.nonzero(differ)[0].tolist())
+    return (f"{int(differ.sum())} of {differ.numel()} elements differ bitwise; first at {first}: "
+            f"{a[first].item()!r} vs {b[first].item()!r}")
+
+
+def first_difference(kernel: KernelEntry, inputs: Inputs) -> str | None:
+    """How two identical calls of `kernel` on `inputs` differ (None: bit for bit the same)."""
+    first, second = run_kernel(kernel, inputs), run_kernel(kernel, inputs)
+    for name in ("o", "lse"):
+        a, b = getattr(first, name), getattr(second, name)
+        differ = None if a is None or b is None else bitwise_difference(a, b)
+        if differ:
+            return f"{name}: {differ}"
+    return None
