@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from tqdm import tqdm
 from fmha import registry
 from fmha.regressions.selection import command_line, parse, resolve_kernel, selected_kernels
 from fmha.ci import report_html
+from fmha.ci import progress as progress_lines
 from fmha.ci.run_record import RunRecord, raised
 from fmha.contract import NotSupportedError
 from fmha.oracles.check import judge_run
@@ -89,11 +91,22 @@ def run_gate(kernels, device: str, seeds: int, grid_cases, progress=True) -> lis
     records = []
     runs = [(kernel, problem, case, where, distribution, seed) for kernel in kernels
             for problem, case, where in grid_cases for distribution in DISTRIBUTIONS for seed in range(seeds)]
-    for kernel, problem, case, where, distribution, seed in tqdm(runs, unit="run", file=sys.stderr,
-                                                                  disable=None if progress else True):
-        record = RunRecord(kernel.name, "gate", case, DTYPE_NAMES[problem.dtype],
-                           where=dict(where, distribution=distribution, seed=seed))
-        records.append(_judged(kernel, problem, record, device))
+    start = time.monotonic()
+
+    def line() -> str:  # piped stderr (a CI log) gets this every few seconds instead of tqdm's bar
+        now = f"{records[-1].kernel} {records[-1].what}" if records else "starting"
+        took = progress_lines.elapsed(time.monotonic() - start)
+        return (f"fmha nightly: {len(records)}/{len(runs)} runs in {took}, "
+                f"{sum(r.bad for r in records)} below the gate or raised; last {now}")
+
+    piped = progress and not sys.stderr.isatty()
+    with progress_lines.Ticker(progress_lines.EVERY_S if piped else 0, line,
+                               lambda text: print(text, file=sys.stderr, flush=True)):
+        for kernel, problem, case, where, distribution, seed in tqdm(runs, unit="run", file=sys.stderr,
+                                                                      disable=None if progress else True):
+            record = RunRecord(kernel.name, "gate", case, DTYPE_NAMES[problem.dtype],
+                               where=dict(where, distribution=distribution, seed=seed))
+            records.append(_judged(kernel, problem, record, device))
     return records
 
 

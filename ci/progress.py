@@ -1,7 +1,8 @@
 """Progress where it is read. On a terminal, pytest's dots and tqdm's bar; on piped output (a CI
 log, `| tee`) pytest's dots arrive a row of 72 at a time, a row of slow tests can take minutes,
 and tqdm draws nothing. There, a line every few seconds (`pytest -n N`: `--fmha-progress
-SECONDS`, default 10, 0 for none) says how far the run is and what is running:
+SECONDS`, default 10, 0 for none) says how far the run is and what is running, in place of the
+dots (an F or E still marks a failure as it comes):
 
     fmha: 812/3276 done in 2m10s, 1 failed; running properties/test_laws.py::test_x[fmha] (45 s), ...
 """
@@ -82,6 +83,17 @@ class PytestProgress:
 
     def pytest_runtest_logreport(self, report):
         self.failed += report.failed and report.when in ("setup", "call")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report, config):
+        """No dot or s for a test that passed or skipped: the progress line says how many ran."""
+        if hasattr(report, "wasxfail") or report.failed:
+            return None
+        if report.when == "call" and report.passed:
+            return "passed", "", "PASSED"
+        if report.skipped:
+            return "skipped", "", "SKIPPED"
+        return None
 
     def pytest_runtest_logfinish(self, nodeid, location):
         self.running.pop(nodeid, None)

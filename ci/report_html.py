@@ -98,7 +98,8 @@ def heatmap(runs: list, kernel: str, gate: float, path: Path, sparse: bool = Fal
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
     grid = "DSV4 sparse-decode grid" if sparse else "dense grid"
     ax.set_title(f"{kernel}, {grid}: worst 1 - cosine per config\n"
-                 f"green: at the gate; red ✗: past it ({limit:.0e}); n/a: not supported", fontsize=8)
+                 f"green: at the gate; red ✗: past it ({limit:.0e}); n/a: not supported; blank: not in this run",
+                 fontsize=8)
     bar = fig.colorbar(image, ax=ax, label="1 - cosine")
     bar.ax.axhline(limit, color="black", linewidth=1.5)
     fig.tight_layout()
@@ -122,8 +123,11 @@ def trend(history: list[dict], kernel: str, gate: float, path: Path) -> Path | N
     left.set_ylabel("% configs at the gate", color="#1b7a33")
     left.set_ylim(-5, 105)
     right = left.twinx()
-    right.semilogy(x, [max(h["worst_gap"], 1e-9) if h["worst_gap"] is not None else float("nan") for h in nights],
-                   "s--", color="#b00020")
+    gaps = [max(h["worst_gap"], 1e-9) if h["worst_gap"] is not None else float("nan") for h in nights]
+    right.semilogy(x, gaps, "--", color="#777777", linewidth=0.8)
+    # each night's worst 1 - cosine: green at the gate, red past it (a red square is a failing night)
+    right.scatter(x, gaps, marker="s", zorder=3,
+                  c=["#b00020" if gap > 1 - gate else "#1b7a33" for gap in gaps])
     right.axhline(1 - gate, color="#b00020", linewidth=0.8, linestyle=":")
     right.set_ylabel("worst 1 - cosine", color="#b00020")
     left.set_xticks(list(x), [h["time"][5:16] for h in nights], rotation=30, fontsize=7, ha="right")

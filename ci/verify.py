@@ -221,10 +221,27 @@ def reruns(results: list[RunRecord], args) -> str:
     common += [f"--seeds {args.seeds}"] if args.seeds != 1 else []
     common += [f"--law-examples {args.law_examples}"] if args.law_examples != 3 else []
     common += [f"--fmha-known-failures {shlex.quote(args.fmha_known_failures)}"] if args.fmha_known_failures else []
-    lines = ["", f"## Rerun one failure ({len(bad)})", ""]
-    lines += [f"python -m fmha.ci.verify --fmha-kernel {shlex.quote(r.kernel)} {' '.join(common)} --only {shlex.quote(r.what)}"
-              f"    # {r.part} {r.outcome}" for r in bad]
+    findings = defaultdict(list)  # identical findings: one command, the count of the others
+    for r in bad:
+        findings[(r.kernel, r.part, r.outcome, r.signature)].append(r)
+    lines = ["", f"## Rerun a failure ({len(bad)} failing, {len(findings)} distinct)", ""]
+    for (kernel, part, outcome, _), found in findings.items():
+        more = f" (and {len(found) - 1} more like it)" if len(found) > 1 else ""
+        lines.append(f"python -m fmha.ci.verify --fmha-kernel {shlex.quote(kernel)} {' '.join(common)} "
+                     f"--only {shlex.quote(found[0].what)}    # {part} {outcome}{more}")
     return "\n".join(lines) + "\n"
+
+
+def what_ran(results: list[RunRecord], law_examples: int) -> str:
+    """Per part, how many of its items ran (the rest were skipped, the kernels' reasons in the
+    to-do list)."""
+    parts = []
+    for part in ("agreement", "named cases", "laws"):
+        mine = [r for r in results if r.part == part]
+        if mine:
+            ran = sum(r.outcome != "skipped" for r in mine)
+            parts.append(f"{part}: {ran} of {len(mine)} ran" + (f" ({law_examples} draws each)" if part == "laws" else ""))
+    return "; ".join(parts).capitalize() + "." if parts else "Nothing ran."
 
 
 def calibration(worst: dict) -> str:
@@ -300,9 +317,7 @@ def main(argv=None) -> int:
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     header = (f"# fmha verify, {datetime.date.today()}, {device_name}, torch {torch.__version__}\n\n"
-              f"Agreement: {len(FEATURE_CASES)} feature cases x {len(DTYPE_NAMES)} dtypes x {len(DISTRIBUTIONS)} "
-              f"distributions x {args.seeds} seed(s); named cases: {len(named)}; laws: {len(law_list)} x "
-              f"{args.law_examples} draws." + (f" Only {', '.join(args.only)}." if args.only else ""))
+              + what_ran(results, law_examples=args.law_examples) + (f" Only {', '.join(args.only)}." if args.only else ""))
     print(calibration(worst) if args.calibrate else report(results, header) + reruns(results, args))
     if args.json:
         with open(args.json, "w") as f:

@@ -70,6 +70,11 @@ def _import(spec: str, what: str):
         module = _import_module(module_name)
     except ImportError as e:
         raise ValueError(f"--fmha-{what} {spec!r}: cannot import {module_name!r}: {e}") from e
+    except SyntaxError as e:
+        raise ValueError(f"--fmha-{what} {spec!r}: {module_name!r} does not compile: {e.msg} at {e.filename}, "
+                         f"line {e.lineno}") from None
+    except Exception as e:  # noqa: BLE001 -- whatever the module's own code raises on import
+        raise ValueError(f"--fmha-{what} {spec!r}: importing {module_name!r} raised {type(e).__name__}: {e}") from e
     try:
         return getattr(module, attr)
     except AttributeError:

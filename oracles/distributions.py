@@ -51,6 +51,17 @@ def large_logits(g, q, k, v):
     return q * 1000 / q.shape[-1] ** 0.25, k * q.shape[-1] ** 0.25, v
 
 
+def negative_logits(g, q, k, v):
+    """Every key turned away from every query: each logit below -4e4, the rows' answers still a
+    softmax over their keys (a kernel whose -inf is a finite sentinel, -5e4 in base 2, drops them)."""
+    B, S, H, D = k.shape
+    direction = _unit(g, B, 1, H, D)
+    size = 1000 * D**0.25  # |q| |k|: a logit of -size^2 * scale, below -4e4 for every scale the draws pass
+    q = _per_query_head(direction, q) * size + q * 0.01
+    k = -direction * size + k * 0.01
+    return q, k, v
+
+
 def rising_max(g, q, k, v):
     """Logits grow along the keys, so the running max changes in every KV tile."""
     B, S, H, D = k.shape
@@ -102,7 +113,7 @@ def large_v(g, q, k, v):
 DISTRIBUTIONS: dict[str, Callable] = {
     f.__name__: f
     for f in (
-        normal, peaky, flat, constant_scores, large_logits, rising_max, outlier_key,
+        normal, peaky, flat, constant_scores, large_logits, negative_logits, rising_max, outlier_key,
         iota_v, upper_half_energy, split_halves_energy, large_v,
     )
 }

@@ -1,8 +1,10 @@
 """One call of a kernel per the contract, and what it returned (`Run`).
 
 The output buffer is poisoned with a NaN carrying a payload no arithmetic produces, so an
-element the kernel never wrote is told apart from a NaN it computed. The call's inputs are
-read-only: a kernel that changes a byte of their storage fails, naming the input.
+element the kernel never wrote is told apart from a NaN it computed; it is a view into a wider
+buffer of poison (hazard `poison-around-out`), so a kernel that writes as if out= were packed,
+or past a row, is caught. The call's inputs are read-only: a kernel that changes a byte of
+their storage fails, naming the input.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import torch
 
 from fmha.contract import KernelEntry
 from fmha.contract.paged_validation import output_shape
+from fmha.oracles.hazards import DRAWN
 from fmha.oracles.inputs import Inputs
 
 # Quiet NaNs with a payload: a NaN a kernel computes (0/0, inf - inf) is the canonical one.
 POISON_BITS = {torch.bfloat16: 0x7FD5, torch.float16: 0x7E55, torch.float32: 0x7FC05A5A}
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+# Poison before and after each row of out=: 8 elements keep a 16-byte aligned view at 2-byte dtypes.
+OUT_MARGIN = 8
 
 
 def _signed(bits: int, dtype: torch.dtype) -> int:
@@ -32,6 +37,23 @@ def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
 
 def still_poisoned(t: torch.Tensor) -> torch.Tensor:
     return t.view(INT_VIEW[t.dtype]) == _signed(POISON_BITS[t.dtype], t.dtype)
+
+
+def poisoned_out(shape, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, out): out of `shape` a view into a buffer with OUT_MARGIN elements of poison
+    before and after each row."""
+    buffer = poisoned((*shape[:-1], shape[-1] + 2 * OUT_MARGIN), dtype, device)
+    return buffer, buffer[..., OUT_MARGIN:OUT_MARGIN + shape[-1]]
+
+
+def _assert_margins_kept(kernel: KernelEntry, buffer: torch.Tensor, out: torch.Tensor) -> None:
+    margins = torch.cat([buffer[..., :OUT_MARGIN], buffer[..., -OUT_MARGIN:]], dim=-1)
+    written = ~still_poisoned(margins)
+    if bool(written.any()):
+        raise AssertionError(
+            f"{kernel.name}: wrote outside out= ({int(written.sum())} of the {written.numel()} elements of poison "
+            f"around its rows, the first at row {tuple(written.nonzero()[0, :-1].tolist())}): out= is a view whose "
+            f"row stride is {out.stride(-2)}, not {out.shape[-1]}; write through its strides")
 
 
 @dataclass
@@ -53,8 +75,9 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None)
     out = None
     if use_out:
         p = inputs.problem
-        out = poisoned(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device)
+        buffer, out = poisoned_out(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device)
         kwargs["out"] = out
+        DRAWN["poison-around-out"] += 1
     call = {"q": inputs.q, "k": inputs.k, "v": inputs.v, **kwargs}
     before = _storages(call)
     result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
@@ -62,6 +85,8 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None)
     o, lse = _unpack(kernel, inputs, result)
     if out is not None and o.data_ptr() != out.data_ptr():
         raise AssertionError(f"{kernel.name}: out= was given but the returned o is a different tensor")
+    if out is not None:
+        _assert_margins_kept(kernel, buffer, out)
     unwritten = still_poisoned(o) if out is not None else None
     return Run(inputs, o, lse, unwritten)
 

@@ -6,6 +6,10 @@ keys a dense one would; where they go is decided by the sample's seed. Every cac
 no request reads, every block-table entry past a request's pages (pointed at a page of
 poison) and every quantized byte of an unread token holds poison: NaN (the NaN codes of the
 quantized formats), or what the caller passes.
+
+A sample's layout hazards (`Sample.hazards`, fmha.oracles.hazards) are laid in here: poison in
+the keys no row of a request can see, the block table a slice of a wider one, caches and q as
+views with poisoned gaps, runs of -1 a tile long, every code of a quantized format.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from fmha.contract.slots import request_slots
 from fmha.oracles import oracle, quantization
+from fmha.oracles.hazards import invalid_run, invisible_keys, numeric_codes
 from fmha.oracles.inputs import Inputs
 
 if TYPE_CHECKING:  # a Sample lays itself out here
@@ -74,6 +79,8 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     shared = sample.shared_pages and kv_lens[0] >= bs
     own = [n - (1 if shared and b and kv_lens[b] >= bs else 0) for b, n in enumerate(pages_of)]
     num_blocks = sum(own) + 1  # the last physical page (in shuffled order) is poison only
+    if "padded-pages" in sample.hazards:
+        num_blocks = max(num_blocks, 2)  # a page stride shows between two pages
     order = torch.randperm(num_blocks, generator=g).tolist()
     spare, order = order[-1], iter(order[:-1])
     max_blocks = max(pages_of, default=0) + 1  # one entry past the longest request: poison
@@ -82,19 +89,64 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
         for i in range(pages_of[b]):
             table[b][i] = table[0][0] if shared and b and i == 0 and kv_lens[b] >= bs else next(order)
     cast = dict(dtype=p.dtype, device=device)
-    k_cache = _scatter(k, table, kv_lens, bs, num_blocks, fill, cast)
-    v_cache = k_cache if v is k else _scatter(v, table, kv_lens, bs, num_blocks, fill, cast)
-    args = dict(block_table=_int32(table, device), kv_lens=_int32(kv_lens, device))
+    q_lens = (sample.q_lens or (p.q_len,) * B) if p.ragged else (p.q_len,) * B
+    read = _read(table, kv_lens, bs)
+    if "invisible-keys" in sample.hazards:  # only the slots some request's rows see (a shared page's may be another's)
+        read = torch.cat([request_slots(table[b], n, bs)[invisible_keys(q_lens[b], n, p.window):]
+                          for b, n in enumerate(kv_lens)])
+    k_cache = _scatter(k, table, kv_lens, bs, num_blocks, fill, cast, read)
+    v_cache = k_cache if v is k else _scatter(v, table, kv_lens, bs, num_blocks, fill, cast, read)
+    hostile = "padded-pages" in sample.hazards
+    if hostile and p.cache_layout is None:
+        k_cache, v_cache = _padded(k_cache, fill), (None if v_cache is k_cache else _padded(v_cache, fill))
+        v_cache = k_cache if v_cache is None else v_cache
+    table_tensor = _int32(table, device)
+    if "wide-block-table" in sample.hazards:
+        table_tensor = _wide(table_tensor, spare)
+    args = dict(block_table=table_tensor, kv_lens=_int32(kv_lens, device))
     q = q.to(**cast)
     if p.ragged:
-        q_lens = sample.q_lens or (p.q_len,) * B
         q = torch.cat([q[b, :n] for b, n in enumerate(q_lens)])
         args["cu_seqlens_q"] = _int32([0, *torch.tensor(q_lens).cumsum(0).tolist()], device)
-    k_call, oracle_k = _quantized(k_cache, p.cache_layout, _read(table, kv_lens, bs), fill)
+    if "strided-queries" in sample.hazards:
+        q = _strided_heads(q, fill)
+    k_call, oracle_k = _quantized(k_cache, p.cache_layout, read, fill, every_code=_coder(sample),
+                                  padded=hostile)
     v_call, oracle_v = (k_call, oracle_k) if v_cache is k_cache else (v_cache, v_cache)
     args["cache_layout"] = p.cache_layout
     source = oracle.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
     return Inputs(sample, q, k_call, v_call, sink, _given(args), [source])
+
+
+def _padded(cache: torch.Tensor, fill: float) -> torch.Tensor:
+    """`cache` (num_blocks, block_size, H, D) as a view whose pages hold one more slot and whose
+    tokens one more head, all poison: page, token and head strides none of them packed."""
+    num_blocks, block_size, heads, dim = cache.shape
+    wide = torch.full((num_blocks, block_size + 1, heads + 1, dim), fill, dtype=cache.dtype, device=cache.device)
+    view = wide[:, :block_size, :heads]
+    view.copy_(cache)
+    return view
+
+
+def _wide(table: torch.Tensor, spare: int) -> torch.Tensor:
+    """`table` as the first columns of a wider table whose other columns name the page of poison."""
+    wide = torch.full((table.shape[0], table.shape[1] + 3), spare, dtype=table.dtype, device=table.device)
+    wide[:, :table.shape[1]] = table
+    return wide[:, :table.shape[1]]
+
+
+def _strided_heads(q: torch.Tensor, fill: float) -> torch.Tensor:
+    """q (..., H, D) as a view with a poisoned head between every two of its heads."""
+    wide = torch.full((*q.shape[:-2], 2 * q.shape[-2], q.shape[-1]), fill, dtype=q.dtype, device=q.device)
+    view = wide[..., ::2, :]
+    view.copy_(q)
+    return view
+
+
+def _coder(sample: Sample):
+    """Where a quantized cache takes every code of its format (the `every-code` hazard): a
+    generator of positions of the sample's own, or None."""
+    return torch.Generator().manual_seed(sample.seed * 8 + 5) if "every-code" in sample.hazards else None
 
 
 def _read(table, kv_lens, block_size) -> torch.Tensor:
@@ -103,11 +155,15 @@ def _read(table, kv_lens, block_size) -> torch.Tensor:
                      or [torch.zeros(0, dtype=torch.long)])
 
 
-def _scatter(x, table, kv_lens, block_size, num_blocks, fill, cast) -> torch.Tensor:
-    """Dense (B, S, H, D) keys into (num_blocks, block_size, H, D) pages per the block table."""
+def _scatter(x, table, kv_lens, block_size, num_blocks, fill, cast, keep) -> torch.Tensor:
+    """Dense (B, S, H, D) keys into (num_blocks, block_size, H, D) pages per the block table;
+    slots not in `keep` (flat slots) hold `fill`."""
     cache = torch.full((num_blocks * block_size, *x.shape[2:]), fill, **cast)
     cache[_read(table, kv_lens, block_size).to(cast["device"])] = torch.cat(
         [x[b, :n] for b, n in enumerate(kv_lens)]).to(**cast)
+    unkept = torch.ones(cache.shape[0], dtype=torch.bool)
+    unkept[keep] = False
+    cache[unkept.to(cache.device)] = fill
     return cache.view(num_blocks, block_size, *x.shape[2:])
 
 
@@ -127,7 +183,10 @@ def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
         args |= extra_args
         sources += extra_sources
     cache = args.pop("k_cache")
-    return Inputs(sample, q.to(**cast), cache, cache, sink, _given(args), sources)
+    q = q.to(**cast)
+    if "strided-queries" in sample.hazards:
+        q = _strided_heads(q, fill)
+    return Inputs(sample, q, cache, cache, sink, _given(args), sources)
 
 
 def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, prefix):
@@ -137,21 +196,55 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
     B, topk = k.shape[:2]
     T = p.q_len
     num_blocks = math.ceil((B * topk + 1) / block_size)  # at least one slot of poison
+    if "padded-pages" in sample.hazards:
+        num_blocks = max(num_blocks, 2)  # a page stride shows between two pages
     slots = torch.randperm(num_blocks * block_size, generator=g)[:B * topk].view(B, topk)
-    if sample.last_slot and B * topk and num_blocks * block_size - 1 not in slots:
-        slots.view(-1)[-1] = num_blocks * block_size - 1  # it held poison: now the last key read
     order, invalid, (repeated, source) = _row_draws(sample, scope, B, T, topk)
+    last = num_blocks * block_size - 1
+    if sample.last_slot:  # a key some row reads lives in the cache's last slot, in any block size
+        _in_the_last_slot(slots, _a_read_key(order, invalid, repeated, topk_lens), last)
+    elif bool((slots == last).any()):  # and otherwise no key does: the slot holds poison
+        free = sorted(set(range(num_blocks * block_size)) - set(slots.flatten().tolist()))
+        slots[slots == last] = free[0]
     indices = torch.gather(slots[:, None, :].expand(B, T, topk), 2, order) if topk else slots.new_zeros(B, T, 0)
     indices = torch.where(repeated, torch.gather(indices, 2, source), indices)
     indices = torch.where(invalid, -1, indices).to(torch.int32).to(cast["device"])
     cache = torch.full((num_blocks * block_size, *k.shape[2:]), fill, **cast)
     cache[slots.flatten()] = k.flatten(0, 1).to(**cast)
     cache = cache.view(num_blocks, block_size, *k.shape[2:])
+    padded = "padded-pages" in sample.hazards
+    if padded and layout is None:
+        cache = _padded(cache, fill)
     topk_len = None if topk_lens is None else torch.tensor(topk_lens, dtype=torch.int32, device=cast["device"])
-    k_call, oracle_cache = _quantized(cache, layout, slots.flatten(), fill, sample.cache_exponent, sample.outliers)
+    limit = topk if topk_len is None else topk_len.view(-1, 1, 1)
+    seen = indices[(indices >= 0) & (torch.arange(topk, device=indices.device) < limit)].long().cpu()
+    seen = slots.flatten()[torch.isin(slots.flatten(), seen)]  # in the keys' order: the same in any block size
+    k_call, oracle_cache = _quantized(cache, layout, slots.flatten(), fill, sample.cache_exponent, sample.outliers,
+                                      _coder(sample), padded, seen)
     args = {f"{prefix}k_cache": k_call, f"{prefix}indices": indices, f"{prefix}topk_len": topk_len,
             f"{prefix}cache_layout": layout}
     return args, [oracle.Sparse(oracle_cache, oracle_cache, indices, topk_len)]
+
+
+def _a_read_key(order, invalid, repeated, topk_lens) -> tuple[int, int] | None:
+    """(request, key) of the last index some row reads (not -1, not a repeat, before topk_len)."""
+    B, _, topk = order.shape
+    limit = torch.tensor(topk_lens if topk_lens is not None else (topk,) * B)
+    read = ~invalid & ~repeated & (torch.arange(topk) < limit.view(-1, 1, 1))
+    if not read.any():
+        return None
+    b, t, j = torch.nonzero(read)[-1].tolist()
+    return b, int(order[b, t, j])
+
+
+def _in_the_last_slot(slots: torch.Tensor, key, last: int) -> None:
+    """Key (request, index) moved to slot `last`: swapped with the key there, if any."""
+    if key is None:
+        return
+    held = (slots == last).nonzero()
+    if len(held):
+        slots[tuple(held[0].tolist())] = slots[key]
+    slots[key] = last
 
 
 def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int):
@@ -163,17 +256,25 @@ def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int):
                         ) if B and T else torch.zeros(B, T, topk, dtype=torch.long)
     shape = (B, T, topk)
     invalid = (torch.rand(shape, generator=rows) < sample.invalid) if sample.invalid else torch.zeros(shape, dtype=torch.bool)
+    run = invalid_run(topk) if "invalid-runs" in sample.hazards else 0
+    if run:  # a tile of -1 at the start, in the middle or at the end of each row in turn, valid indices around it
+        for row, at in enumerate((0, (topk - run) // 2, topk - run) * -(-B * T // 3)):
+            if row < B * T:
+                invalid.view(B * T, topk)[row, at:at + run] = True
     if not sample.repeats or not topk:
         return order, invalid, (torch.zeros(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.long))
     return order, invalid, (torch.rand(shape, generator=rows) < sample.repeats, torch.randint(0, topk, shape, generator=rows))
 
 
 def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill: float, exponent: int = 0,
-               outliers: bool = False):
+               outliers: bool = False, every_code: torch.Generator | None = None, padded: bool = False,
+               seen: torch.Tensor | None = None):
     """The cache as the call passes it and as the oracle reads it: the same tensor, or the
     layout's bytes (num_blocks, block_size, 1, token_bytes) and their exact float64 values.
     The bytes of tokens outside `read` (flat slots) are poison: NaN codes for a NaN `fill`,
-    huge values otherwise."""
+    huge values otherwise. With `every_code`, every code of the format sits among the elements
+    of the tokens some row reads (`seen`, else `read`); `padded` pages have one more alignment
+    unit of poison."""
     if layout is None:
         return cache, cache
     spec = quantization.LAYOUTS[layout]
@@ -192,6 +293,13 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill
         column = tiles.abs().argmax(dim=-1, keepdim=True)
         tiles.scatter_(-1, column, tiles.gather(-1, column) * 2.0 ** (2 if spec.element.bits == 4 else 14))
     pages = quantization.quantize(clean, spec)
+    if every_code is not None:
+        _every_code(pages, spec, block_size, read if seen is None else seen, every_code)
+    if padded:  # one more alignment unit a page, of NaN codes (0xFF is e4m3's and ue8m0's NaN)
+        wider = torch.full((num_blocks, pages.shape[1] + spec.page_alignment), 0xFF, dtype=torch.uint8,
+                           device=pages.device)
+        wider[:, :pages.shape[1]] = pages
+        pages = wider
     unread = torch.ones(num_blocks * block_size, dtype=torch.bool, device=cache.device)
     unread[read.to(cache.device)] = False
     unread = unread.view(num_blocks, block_size)
@@ -208,6 +316,26 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill
                                            scales[..., :spec.tiles])
     call = pages[:, :block_size * spec.token_bytes].view(num_blocks, block_size, 1, spec.token_bytes)
     return call, quantization.dequantize(pages, spec, block_size)
+
+
+def _every_code(pages: torch.Tensor, spec, block_size: int, read: torch.Tensor, g: torch.Generator) -> None:
+    """Every number code of the format, once each, at element positions of the read tokens
+    (drawn from `g`): negative zero and the subnormals no encoder of rounded values writes."""
+    codes = torch.tensor(numeric_codes(spec.name), dtype=torch.long)
+    per_token = spec.quantized_dims
+    if not read.numel() or read.numel() * per_token < len(codes):
+        return
+    chosen = torch.randperm(read.numel() * per_token, generator=g)[:len(codes)]
+    device = pages.device
+    slots, elements = read.cpu()[chosen // per_token].to(device), (chosen % per_token).to(device)
+    data = pages[:, :block_size * spec.data_bytes].view(pages.shape[0], block_size, spec.data_bytes)
+    page, token, codes = slots // block_size, slots % block_size, codes.to(device)
+    if spec.element.bits == 8:
+        data[page, token, elements] = codes.to(torch.uint8)
+        return
+    byte = data[page, token, elements // 2].long()
+    byte = torch.where(elements % 2 == 1, (byte & 0x0F) | (codes << 4), (byte & 0xF0) | codes)
+    data[page, token, elements // 2] = byte.to(torch.uint8)
 
 
 def _given(args: dict) -> dict:

@@ -23,6 +23,7 @@ import torch
 
 from fmha.oracles import paged_inputs
 from fmha.oracles.distributions import DISTRIBUTIONS
+from fmha.oracles.hazards import HAZARDS, applicable, invisible_keys, present, tally
 from fmha.oracles.inputs import Inputs
 from fmha.contract.problem import Problem, repr_fields
 
@@ -51,6 +52,10 @@ class Sample:
     last_slot: bool = False  # sparse: a key in the cache's last slot (the last page's last offset)
     cache_exponent: int = 0  # quantized caches: keys scaled by 2^e (ue8m0 scales toward an end)
     outliers: bool = False  # quantized caches: one element a tile 2^10 larger (subnormal codes beside it)
+    # Contract v2: the layout hazards laid in (fmha.oracles.hazards.LAYOUT_HAZARDS: poison in unread
+    # keys, strided tables, caches and queries, runs of -1, every code of a format); a hostile draw
+    # names every one that applies.
+    hazards: tuple[str, ...] = ()
     name: str = field(default="", compare=False)  # what about this sample matters (trap cases)
 
     def __post_init__(self):
@@ -78,8 +83,16 @@ class Sample:
             raise ValueError("repeats, last_slot: they lay out index-sparse samples")
         if (self.cache_exponent or self.outliers) and not p.cache_layouts:
             raise ValueError("cache_exponent, outliers: they shape quantized caches")
+        unknown = [name for name in self.hazards if name not in HAZARDS or HAZARDS[name].kind != "layout"]
+        if unknown:
+            raise ValueError(f"hazards: {unknown} are not layout hazards; those are "
+                             f"{', '.join(h for h, r in HAZARDS.items() if r.kind == 'layout')}")
+        object.__setattr__(self, "hazards", tuple(sorted(set(self.hazards))))
         if p.source != "dense":  # what each request holds decides what the kernel must support
             object.__setattr__(self, "problem", p.replace(**paged_inputs.request_facts(self)))
+        # a hazard this problem has no room for (no window, one page, one head) is not laid in
+        kept = set(applicable(self.problem, kinds=("layout",)))
+        object.__setattr__(self, "hazards", tuple(h for h in self.hazards if h in kept))
 
     @property
     def storages(self) -> dict[str, str]:
@@ -108,7 +121,13 @@ class Sample:
         if self.cache_exponent:
             parts.append(f"cache2^{self.cache_exponent}")
         parts += [flag for flag in ("shared_pages", "last_slot", "outliers") if getattr(self, flag)]
+        if self.hazards:
+            parts.append("hazards:" + "+".join(self.hazards))
         return "-".join(parts)
+
+    def hazards_carried(self, device="cpu") -> tuple[str, ...]:
+        """The hazards of the table the sample's inputs carry (counted from their bytes)."""
+        return present(self.inputs(device))
 
     def replace(self, **changes) -> Sample:
         """A copy with `changes`; Problem fields (causal=..., dtype=...) change the problem."""
@@ -134,12 +153,19 @@ class Sample:
         g = torch.Generator().manual_seed(self.seed)
         q, k, v, sink = self.draw(g)
         if p.source != "dense":
-            return paged_inputs.inputs(self, g, q, k, v, None if sink is None else sink.to(device), device, tail_fill)
-        cast = dict(dtype=p.dtype, device=device)
-        q = lay_out(q.to(**cast), self.q_storage, tail_fill)
-        k = lay_out(k.to(**cast), self.k_storage, tail_fill)
-        v = k if p.shared_kv else lay_out(v.to(**cast), self.v_storage, tail_fill)
-        return Inputs(self, q, k, v, None if sink is None else sink.to(device))
+            made = paged_inputs.inputs(self, g, q, k, v, None if sink is None else sink.to(device), device, tail_fill)
+        else:
+            cast = dict(dtype=p.dtype, device=device)
+            if "invisible-keys" in self.hazards:  # the keys left of every row's window: poison
+                hidden = invisible_keys(p.q_len, p.kv_len, p.window)
+                k[:, :hidden] = tail_fill
+                v[:, :hidden] = tail_fill
+            q = lay_out(q.to(**cast), self.q_storage, tail_fill)
+            k = lay_out(k.to(**cast), self.k_storage, tail_fill)
+            v = k if p.shared_kv else lay_out(v.to(**cast), self.v_storage, tail_fill)
+            made = Inputs(self, q, k, v, None if sink is None else sink.to(device))
+        tally(made)
+        return made
 
     def draw(self, g: torch.Generator, kv_len: int | None = None):
         """float32 q (B, T, Hq, D), k (B, S, Hkv, D), v and the sink, shaped by the

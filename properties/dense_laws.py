@@ -27,12 +27,33 @@ def _call(kernel: KernelEntry, x: Inputs, q=None, k=None, v=None, **changes):
 
 # -- the laws -------------------------------------------------------------------------------
 
-@law(test="test_agrees_with_the_oracle", mutant="no-scale")
+@law(test="test_agrees_with_the_oracle", mutant="no-scale", covering="family")
 def agrees_with_oracle(kernel, sample: Sample, device):
     """A random call agrees with the float64 oracle under the verdict."""
     run = run_kernel(kernel, sample.inputs(device))
     verdict = judge_run(run, kernel=kernel)
     assert verdict.passed, verdict.message(f"{kernel.name} {sample.id}")
+
+
+@law(test="test_calls_in_sequence_agree_with_the_oracle", mutant="cached-by-shape", covering="sequence")
+def calls_in_sequence_agree(kernel, sample: Sample, device):
+    """Calls in sequence each agree with the oracle: one with a request more, then the drawn
+    one, then the same shapes with new values (a kernel whose plan, scratch or metadata from
+    one call leaks into the next fails)."""
+    larger = variant(kernel, one_request_more(sample), device, seed=sample.seed + 2)
+    for what, drawn in (("a call with one request more", larger), ("the call after it", sample),
+                        ("the same shapes again, new values", sample.replace(seed=sample.seed + 1))):
+        run = run_kernel(kernel, drawn.inputs(device))
+        verdict = judge_run(run, kernel=kernel)
+        assert verdict.passed, verdict.message(f"{kernel.name} {drawn.id}: {what}")
+        del run
+
+
+def one_request_more(sample: Sample) -> Sample:
+    """The sample with its first request twice, at the end: a batch of one more."""
+    lengths = {name: (getattr(sample, name) + getattr(sample, name)[:1]) for name in
+               ("kv_lens", "q_lens", "topk_lens", "extra_topk_lens") if getattr(sample, name)}
+    return sample.replace(batch=sample.problem.batch + 1, **lengths)
 
 
 @law(test="test_invisible_keys_and_storage_past_s_do_not_leak", mutant="nan-leak",

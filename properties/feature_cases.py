@@ -22,6 +22,8 @@ FEATURE_CASES = [
     Sample(problem=Problem(batch=1, q_len=32, kv_len=256, heads_q=8, heads_kv=2, head_dim=64, causal=True)),
     # window; S one past a tile
     Sample(problem=Problem(batch=1, q_len=17, kv_len=129, heads_q=6, heads_kv=3, head_dim=128, window=16)),
+    # a window wider than 256 keys (a kernel that caps it there)
+    Sample(problem=Problem(batch=1, q_len=2, kv_len=320, heads_q=4, heads_kv=2, head_dim=64, window=300)),
     # DSV4 decode with MTP
     Sample(problem=Problem(batch=1, q_len=4, kv_len=640, heads_q=8, heads_kv=1, head_dim=512, window=128, sink=True,
                            shared_kv=True)),

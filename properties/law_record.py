@@ -24,17 +24,19 @@ from typing import Callable
 import pytest
 import torch
 import hypothesis
-from hypothesis import Phase, assume, example, given, note, reject
-from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
+from hypothesis import Phase, assume, example, given, note, reject, strategies as st
+from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from fmha.contract import FULL_CONTRACT, KernelEntry, NotSupportedError
 from fmha.oracles.check import oracle_of
+from fmha.oracles.hazards import HAZARDS
 from fmha.oracles.kernel_call import bitwise_difference, first_difference
 from fmha.oracles.oracle import Oracle
 from fmha.oracles.metrics import measure
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.sample import Sample
 from fmha.oracles.verdict import TOLERANCES, judge, two_sided
+from fmha.properties.covering import for_law
 from fmha.properties.paged_strategies import paged_samples
 from fmha.properties.pinned import PINNED
 from fmha.properties.strategies import samples
@@ -60,10 +62,18 @@ class Law:
     exact_under: str | None = None  # the promise under which it holds bitwise
     label: str | None = None  # its name where several laws share one check (else the check's)
     doc: str | None = None  # what it says, where the check's docstring is another law's
+    # What it runs before its draws (properties/covering.py): "family" (an agreement law: the covering
+    # samples of its family of calls), "sequence" (calls in sequence: the sequence samples), or nothing.
+    covering: str = ""
+    # Why the law cannot be stated within a kernel's capabilities (caps -> reason or None): the
+    # kernel is honest, the law is skipped with the reason.
+    unstatable: Callable | None = None
 
     def __post_init__(self):
         if self.draws not in DRAWS or self.operands not in OPERANDS:
             raise ValueError(f"law {self.name}: draws among {DRAWS}, operands among {tuple(OPERANDS)}")
+        if self.covering not in ("", "family", "sequence"):
+            raise ValueError(f"law {self.name}: covering is '', 'family' or 'sequence', got {self.covering!r}")
         if (self.draws == "paged") != bool(set(self.sources) & {"paged", "sparse"}):
             raise ValueError(f"law {self.name}: paged draws come with a paged or sparse source, got {self.sources}")
         if not self.test.startswith("test_"):
@@ -85,6 +95,8 @@ class Law:
     def require(self, kernel: KernelEntry, device: str) -> None:
         """Skip, with the kernel's reasons, when its declaration excludes the law on `device`."""
         reasons = kernel.not_supported_reasons(None, device, self.needs, any_source=self.sources)
+        if not reasons and self.unstatable is not None:
+            reasons = [why] if (why := self.unstatable(kernel.capabilities_on(device))) else []
         if reasons:
             pytest.skip(f"{kernel.name}: {'; '.join(reasons)}")
 
@@ -107,6 +119,8 @@ class Law:
         operands = tuple(kernel if o == "kernel" else merge for o in OPERANDS[self.operands])
         pinned = [s for s in PINNED.get(self.name, [])
                   if kernel is None or not kernel.not_supported_reasons(s.problem, device)]
+        if self.covering and kernel is not None:
+            pinned += for_law(self, kernel, device)
         return self.strategy(kernel, device), operands, pinned
 
     def run(self, device: str, kernel: KernelEntry | None = None, merge=None, reproduce: str = "",
@@ -118,14 +132,15 @@ class Law:
 
 
 def law(*, test: str, mutant: str, draws: str = "dense", sources: tuple[str, ...] | None = None,
-        needs: tuple[str, ...] = (), operands: str = "kernel", exact_under: str | None = None):
+        needs: tuple[str, ...] = (), operands: str = "kernel", exact_under: str | None = None, covering: str = "",
+        unstatable: Callable | None = None):
     """Make the decorated check a `Law` (the record sits with the function)."""
     if sources is None:
         sources = ("paged", "sparse") if draws == "paged" else ("dense",)
 
     def record(check: Callable) -> Law:
         return Law(check=check, test=test, mutant=mutant, draws=draws, sources=sources, needs=needs,
-                   operands=operands, exact_under=exact_under)
+                   operands=operands, exact_under=exact_under, covering=covering, unstatable=unstatable)
 
     return record
 
@@ -205,7 +220,7 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
     first differing element, rather than as a flaky test.
     (hypothesis derandomizes by the source of `check`: changing it changes every CI draw.)"""
     refused, nondeterministic = [], []
-    law = _naming_nondeterminism(law, nondeterministic)
+    plain, law = law, _naming_nondeterminism(law, nondeterministic)
 
     @given(sample=strategy)
     def check(sample):
@@ -221,6 +236,7 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
             # traceback while hypothesis shrinks, and after it: on an H200 worker's 6 GB share
             # they ran the next examples, and the next test, out of memory.
             traceback.clear_frames(failure.__traceback__)
+            failure.fmha_sample = sample  # the sample of the failure hypothesis reports
             raise
 
     for sample in pinned:
@@ -235,6 +251,9 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
             raise AssertionError(nondeterministic[0]) from e
         raise
     except AssertionError as failure:  # added here: an edit inside `check` changes every CI draw
+        failing = getattr(failure, "fmha_sample", None)
+        if failing is not None and failing.hazards_carried(device):
+            failure.add_note(hazards_note(plain, operands, failing, device, reproduce))
         if operands and callable(getattr(operands[0], "fn", None)):  # a KernelEntry or a MergeEntry
             failure.add_note(f"kernel under test: {kernel_location(operands[0])}")
         raise
@@ -242,6 +261,68 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
         if not refused:
             raise
         pytest.skip(f"the kernel refused the samples it was given (NotSupportedError): {refused[0]}")
+
+
+# A failing hostile draw is rerun without one hazard at a time, at most this many times per
+# failing test: a kernel that fails everything costs seconds more, not minutes.
+HAZARD_RERUNS = 8
+
+
+def hazards_needed(law, operands, sample: Sample, device: str, reruns: int = HAZARD_RERUNS):
+    """Delta debugging over a failing sample's hazards: each hazard its inputs carry is removed
+    in turn, and stays removed while the law still fails. Returns (the hazards the failure
+    needs, the smallest sample that still fails, the hazards not tried for want of reruns)."""
+    carried = [name for name in sample.hazards_carried(device) if HAZARDS[name].remove is not None]
+    needed = []
+    for at, name in enumerate(carried):
+        if at == reruns:
+            return needed, sample, carried[at:]
+        try:
+            candidate = HAZARDS[name].remove(sample)
+        except ValueError:  # a sample the hazard cannot leave
+            needed.append(name)
+            continue
+        if _still_fails(law, operands, candidate, device):
+            sample = candidate
+        else:
+            needed.append(name)
+    return needed, sample, []
+
+
+def _still_fails(law, operands, sample: Sample, device: str) -> bool:
+    """Whether the law fails on `sample`; a sample it rejects (assume) or the kernel refuses
+    does not. Run as hypothesis's one explicit example, where the law's assume() belongs."""
+    failed = []
+
+    @hypothesis.settings(phases=[Phase.explicit], database=None, deadline=None)
+    @example(sample=sample)
+    @given(sample=st.just(sample))
+    def rerun(sample):
+        try:
+            law(*operands, sample, device)
+        except (UnsatisfiedAssumption, NotSupportedError):
+            return
+        except Exception as failure:  # noqa: BLE001 -- any failure counts
+            traceback.clear_frames(failure.__traceback__)
+            failed.append(True)
+
+    rerun()
+    return bool(failed)
+
+
+def hazards_note(law, operands, sample: Sample, device: str, reproduce: str = "") -> str:
+    """What a failing hostile draw needs, for the failure's message."""
+    needed, smallest, untried = hazards_needed(law, operands, sample, device)
+    pin = f"pin it without the others: @example(sample={smallest!r})"
+    rerun = f"\nreproduce: {reproduce}" if reproduce else ""
+    left = f" (not tried, out of reruns: {', '.join(untried)})" if untried else ""
+    if not needed:
+        always = [name for name in smallest.hazards_carried(device) if HAZARDS[name].remove is None]
+        kept = f" but the poison every such draw holds ({', '.join(always)})" if always else ""
+        return f"hazard: none needed: it fails without every hazard the draw carried{kept}{left}; {pin}{rerun}"
+    named = "; ".join(f"{name}: {HAZARDS[name].hostile}" for name in needed)
+    return (f"hazard: the failure needs {', '.join(needed)} (without it the law passes: {named}){left}\n"
+            f"{pin}{rerun}")
 
 
 def kernel_location(kernel) -> str:

@@ -16,7 +16,7 @@ from fmha.contract.slots import page_and_offset, slot
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.sample import Sample
 from fmha.properties.law_record import Law, assert_agrees, assert_same, law, variant
-from fmha.properties.dense_laws import agrees_with_oracle, refilled_buffers_give_the_new_answer
+from fmha.properties.dense_laws import agrees_with_oracle, calls_in_sequence_agree, refilled_buffers_give_the_new_answer
 
 NAN = float("nan")
 
@@ -166,7 +166,14 @@ def _power_of_two(n: int) -> bool:
     return n & (n - 1) == 0
 
 
-@law(test="test_another_block_size_changes_nothing", mutant="power-of-two-pages", draws="paged")
+def _one_block_size(caps) -> str | None:
+    if caps.block_sizes is not None and len(caps.block_sizes) < 2:
+        return f"declares one block size ({', '.join(map(str, caps.block_sizes))}): no other size to compare with"
+    return None
+
+
+@law(test="test_another_block_size_changes_nothing", mutant="power-of-two-pages", draws="paged",
+     unstatable=_one_block_size)
 def block_size_changes_nothing(kernel, sample: Sample, device):
     """The same keys in pages of another size give the same answer (within the verdict: a
     kernel may tile by page). A power of two is compared with a size that is not, and back:
@@ -174,7 +181,7 @@ def block_size_changes_nothing(kernel, sample: Sample, device):
     sample = sample.replace(shared_pages=False)  # what a shared page holds depends on its size
     p = sample.problem
     supported = kernel.capabilities_on(device).block_sizes
-    sizes = [b for b in (1, 3, 5, 16, 64) if b != p.block_size and (supported is None or b in supported)]
+    sizes = [b for b in (supported or (1, 3, 5, 16, 64)) if b != p.block_size]
     opposite = [b for b in sizes if _power_of_two(b) != _power_of_two(p.block_size)]
     assume(sizes)
     other = (opposite or sizes)[sample.seed % len(opposite or sizes)]
@@ -213,7 +220,9 @@ def index_order_changes_nothing(kernel, sample: Sample, device):
 def sparse_over_its_keys_equals_dense(kernel, sample: Sample, device):
     """Index-sparse rows that each read all of their request's keys (no -1, no topk_len)
     equal the dense call over those keys (K = V, no mask), within the verdict."""
-    sample = variant(kernel, sample.replace(invalid=0.0, repeats=0.0, topk_lens=None, extra_topk_lens=None), device,
+    every_key = sample.replace(invalid=0.0, repeats=0.0, topk_lens=None, extra_topk_lens=None,
+                               hazards=tuple(h for h in sample.hazards if h != "invalid-runs"))
+    sample = variant(kernel, every_key, device,
                       extra_topk=None, extra_block_size=None, extra_cache_layout=None)
     p = sample.problem
     assume(p.source == "sparse")
@@ -236,7 +245,7 @@ def sparse_over_its_keys_equals_dense(kernel, sample: Sample, device):
 
 def _agreement(label: str, test: str, mutant: str, sources: tuple[str, ...], needs: tuple[str, ...], doc: str) -> Law:
     return Law(check=agrees_with_oracle.check, label=label, test=test, mutant=mutant, draws="paged", sources=sources,
-               needs=needs, doc=doc)
+               needs=needs, doc=doc, covering="family")
 
 
 paged_calls_agree_with_the_oracle = _agreement(
@@ -265,6 +274,12 @@ fp4_cache_calls_agree_with_the_oracle = _agreement(
     "fp4-halves-flushed", ("paged", "sparse"), ("dsv4-fp4",), "A call over a dsv4-fp4 cache, paged or index-sparse "
     "(every e2m1 code, scales toward either end) agrees with the oracle over the decoded keys.")
 
+calls_over_caches_in_sequence_agree = Law(
+    check=calls_in_sequence_agree.check, label="calls_over_caches_in_sequence_agree",
+    test="test_paged_calls_in_sequence_agree_with_the_oracle", mutant="plan-reused", draws="paged",
+    sources=("paged", "sparse"), covering="sequence", doc="Paged and sparse calls in sequence each agree with the oracle: one with a "
+    "request more, then the drawn one, then the same shapes with new values (a kernel whose plan, scratch or "
+    "metadata from one call leaks into the next fails).")
 refilled_caches_give_the_new_answer = Law(
     check=refilled_buffers_give_the_new_answer.check, label="refilled_caches_give_the_new_answer",
     test="test_the_same_caches_and_tables_refilled_give_the_new_answer", mutant="paged-cached-by-address",

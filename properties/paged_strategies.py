@@ -8,6 +8,11 @@ rows included), packed query rows per request, pages shared between requests; to
 2048 (not only multiples of 64), -1 anywhere (all of a row too), topk_len shorter than top-k,
 a second scope, FP8/FP4 caches (paged ones too). Rare choices are the last of their range, so shrinking turns
 them off.
+
+Every draw is hostile: it carries every layout hazard of its problem (fmha.oracles.hazards:
+poison in the keys no row sees, a wide block table, padded pages, strided queries, runs of -1,
+every code of a quantized format), shared pages, repeated indices and the cache's last slot.
+A failure names the hazards it needs (properties/law_record.py reruns it without each).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from hypothesis import strategies as st
 
 from fmha.contract import CACHE_LAYOUTS, Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
+from fmha.oracles.hazards import hostile
 from fmha.oracles.sample import Sample
 from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, round_up, scales
 
@@ -99,7 +105,7 @@ def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=t
             problem = problem.replace(shared_kv=True, heads_kv=1, cache_layout=layout)
         q_lens = _query_lengths(draw, problem.batch, problem.q_len, caps) if ragged else None
         kv_lens = _key_lengths(draw, q_lens or (problem.q_len,) * problem.batch, problem.kv_len, caps, problem.causal)
-        sample_fields = dict(kv_lens=kv_lens, q_lens=q_lens, shared_pages=draw(st.booleans()))
+        sample_fields = dict(kv_lens=kv_lens, q_lens=q_lens, shared_pages=True)
         sample_fields |= _cache_fields(draw) if layout else {}
     else:
         problem, sample_fields = _sparse(draw, caps, device, draw(st.sampled_from(block_sizes)), block_sizes,
@@ -108,7 +114,7 @@ def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=t
                     distribution=draw(st.sampled_from(distributions)), seed=draw(st.integers(0, 2**16)),
                     **sample_fields)
     assume(not caps.not_supported_reasons(sample.problem, device))
-    return sample
+    return hostile(sample, caps)
 
 
 def _block_size(draw, block_sizes, keys: int) -> int:
@@ -170,7 +176,7 @@ def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool, neede
         q_len = math.ceil(q_len / 2)
     problem = problem.replace(batch=batch, q_len=q_len)
     fields = dict(topk_lens=_lengths(draw, batch, problem.kv_len), invalid=draw(st.sampled_from(INVALID)),
-                  repeats=draw(st.sampled_from((0.0, 0.25))), last_slot=draw(st.booleans()))
+                  repeats=0.25, last_slot=True)
     if extra:
         fields["extra_topk_lens"] = _lengths(draw, batch, problem.extra_topk)
         # One scope read not at all (topk_len 0) while the other is: each scope's length is its own.

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from fmha.contract import Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
+from fmha.oracles.hazards import hostile
 from fmha.oracles.sample import STORAGES, Sample
 from fmha.contract import Problem
 
@@ -155,17 +156,18 @@ def scales(head_dim: int):
 @st.composite
 def samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS), storages=STORAGES,
             **limits) -> Sample:
-    """A sample inside `caps`; one in eight is a long fp16 context with large |V| where the
-    kernel declares fp16 (and the distributions include large_v)."""
+    """A sample inside `caps`, hostile (the keys left of every row's window hold NaN); one in
+    eight is a long fp16 context with large |V| where the kernel declares fp16 (and the
+    distributions include large_v)."""
     long_context = "large_v" in distributions and torch.float16 in caps.dtypes and draw(st.integers(0, 7)) == 7
     problem = draw(problems(caps, device, long_context=long_context, **limits)
                    .filter(lambda p: not caps.not_supported_reasons(p, device)))
     storage = st.sampled_from(storages)
     scale, distribution = draw(scales(problem.head_dim)), draw(st.sampled_from(distributions))
-    return Sample(
+    return hostile(Sample(
         problem=problem,
         scale=scale,
         distribution="large_v" if long_context else distribution,
         seed=draw(st.integers(0, 2**16)),
         q_storage=draw(storage), k_storage=draw(storage), v_storage=draw(storage),
-    )
+    ), caps)

@@ -1,7 +1,7 @@
 """Command line of the trap library.
 
     python -m fmha.regressions list
-    python -m fmha.regressions matrix [--fmha-kernel NAME ...] [--fmha-device cpu] [--out docs/kill-matrix.md] \\
+    python -m fmha.regressions matrix [--fmha-kernel NAME ...] [--fmha-device cpu] [--out PAGE.md] \\
         [--jobs N] [--fresh] [--fmha-cases DIR]
     python -m fmha.regressions new <id> --reproducer "Sample(problem=Problem(...), ...)" --seed-logs "..." \\
         --symptom "..." --root-cause "..." [--mutant mutant:NAME|module:attr] [--fmha-kernel module:attr] [--dir DIR]
@@ -29,6 +29,12 @@ def _in_checkout() -> bool:
     """Run inside fmha's own repository, not a kernel author's (nor fmha in site-packages)."""
     here = os.path.realpath(os.getcwd()) + os.sep
     return os.path.exists(os.path.join(CHECKOUT, "pyproject.toml")) and here.startswith(CHECKOUT + os.sep)
+
+
+def _user_rows() -> str:
+    """Where a kill matrix run outside fmha's checkout keeps the rows it computed."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "fmha", "kill-matrix-rows.json")
 
 
 def _default_cases_dir() -> str:
@@ -64,8 +70,8 @@ def _matrix(args) -> int:
         return _usage_error("matrix", e)
     # fmha's own rows ship with the package (ROWS): a run anywhere recomputes only the rows
     # whose inputs differ from them (a kernel author's traps, an edited law) and keeps its
-    # own rows beside OUT; in fmha's checkout ROWS itself is kept up to date.
-    cache_path = kill_matrix.ROWS if _in_checkout() else os.path.splitext(args.out)[0] + ".json"
+    # own rows in the user's cache; in fmha's checkout ROWS itself is kept up to date.
+    cache_path = kill_matrix.ROWS if _in_checkout() else _user_rows()
     cache = {}
     for path in dict.fromkeys((kill_matrix.ROWS, cache_path)):  # the package's rows, then this run's own
         if not args.fresh and os.path.exists(path):
@@ -76,9 +82,11 @@ def _matrix(args) -> int:
     correct = kill_matrix.correct_kernel_failures(kernels, device, progress=say)
     command = "python -m fmha.regressions matrix " + " ".join(sys.argv[2:])
     text = kill_matrix.render(rows, correct, device, command.strip(), datetime.date.today().isoformat())
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+    os.makedirs(os.path.dirname(cache_path), exist_ok=True)
     with open(cache_path, "w") as f:
         json.dump(cache, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -128,7 +136,8 @@ def main(argv=None) -> int:
     matrix = sub.add_parser("matrix", help="compute the kill matrix and write it as Markdown")
     selection.add_options(matrix.add_argument, "the correct kernels: every registered kernel that runs on the device "
                                                "by default, each of which must pass every named case")
-    matrix.add_argument("--law-examples", type=int, default=6, help="hypothesis draws per law and mutant")
+    matrix.add_argument("--law-examples", type=int, default=None,
+                        help="hypothesis draws per law and mutant (default: the fmha-ci profile's, as CI draws them)")
     matrix.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="mutants run in parallel processes (default: one per core)")
     matrix.add_argument("--fresh", action="store_true",
@@ -136,7 +145,8 @@ def main(argv=None) -> int:
     matrix.add_argument("--fmha-cases", action="append", default=[], metavar="DIR",
                         help="your own traps (python -m fmha.regressions new ID --dir DIR): their rows too")
     matrix.add_argument("--out", default=None,
-                        help="default: docs/kill-matrix.md in fmha's checkout, else ./kill-matrix.md")
+                        help="also write the page there (default: docs/kill-matrix.md in fmha's checkout; elsewhere "
+                             "it goes to stdout only, the rows to ~/.cache/fmha)")
     matrix.set_defaults(run=_matrix)
 
     new = sub.add_parser("new", help="scaffold a trap module from a reproducer")
@@ -162,6 +172,6 @@ def main(argv=None) -> int:
             matrix.error(str(e))
     if getattr(args, "dir", "") is None:
         args.dir = _default_cases_dir()
-    if args.command == "matrix" and args.out is None:
-        args.out = os.path.join(CHECKOUT, "docs", "kill-matrix.md") if _in_checkout() else "kill-matrix.md"
+    if args.command == "matrix" and args.out is None and _in_checkout():
+        args.out = os.path.join(CHECKOUT, "docs", "kill-matrix.md")
     return args.run(args)

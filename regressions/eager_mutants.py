@@ -114,14 +114,15 @@ def max_instead_of_logsumexp(parts, sink=None):
     return o.to(parts[0][0].dtype), top
 
 
-def cached_by_address(name: str, fn, capabilities: Capabilities) -> KernelEntry:
-    """`fn` remembering its answers by its inputs' addresses and shapes (as a plan or result
-    cache keyed too coarsely does): a second call on the same buffers returns the first answer."""
+def cached_by_address(name: str, fn, capabilities: Capabilities, addresses: bool = True) -> KernelEntry:
+    """`fn` remembering its answers by its inputs' addresses and shapes, or by their shapes alone
+    (as a plan or result cache keyed too coarsely does): a second call on the same buffers, or of
+    the same shapes, returns the first answer."""
     answers = {}
 
     def kernel(q, k, v, *, out=None, **kwargs):
         tensors = (q, k, v, *(t for t in kwargs.values() if isinstance(t, torch.Tensor)))
-        key = tuple((t.data_ptr(), tuple(t.shape)) for t in tensors)
+        key = tuple((t.data_ptr() if addresses else 0, tuple(t.shape)) for t in tensors)
         if key not in answers:
             o, lse = fn(q, k, v, **kwargs)
             answers[key] = (o.clone(), None if lse is None else lse.clone())
@@ -144,6 +145,9 @@ EAGER_MUTANTS = (
            lambda: MergeEntry("max-merge", max_instead_of_logsumexp), twin=lambda: CORRECT_MERGE),
     Mutant("cached-by-address", "", "answers remembered by the inputs' addresses and shapes",
            lambda: cached_by_address("cached-by-address", eager, PROMISING), twin=lambda: CORRECT),
+    Mutant("cached-by-shape", "", "answers remembered by the inputs' shapes: a second call of the same shapes gets "
+           "the first call's answer", lambda: cached_by_address("cached-by-shape", eager, PROMISING, addresses=False),
+           twin=lambda: CORRECT),
     Mutant("paged-cached-by-address", "", "a paged call's answers remembered by the inputs' addresses and shapes",
            lambda: cached_by_address("paged-cached-by-address", REFERENCE.fn, REFERENCE.capabilities),
            twin=lambda: REFERENCE),

@@ -1,7 +1,13 @@
-"""The kill matrix: which checks catch which mutant, and whether the correct kernels pass
-every named case. `python -m fmha.regressions matrix` writes it to docs/kill-matrix.md, so a gap
-(a bug only its own case catches, or one nothing catches) is visible; CI asserts the part
-that must hold (tests/test_kill_matrix.py).
+"""The kill matrix: which test functions of the suite catch which mutant, under the CI profile's
+draws, and whether the correct kernels pass every named case. `python -m fmha.regressions matrix`
+writes it to docs/kill-matrix.md, so a gap (a bug fewer than three test functions catch, or one
+nothing catches) is visible; CI asserts what must hold (tests/test_kill_matrix.py).
+
+A row is a mutant that runs in this process on the CPU (the Gluon and CUDA kernels' mutants are
+the GPU tier's, tests/test_gluon_mutants.py and tests/test_cuda_sparse.py); a trap's mutant that
+hangs or crashes its process runs isolated, on its own trap's cases only. Each law runs as
+pytest runs it under `CI=true`: the fmha-ci profile's draws, its pinned and covering samples
+first (first counterexample, unshrunk); the agreement tests run their parameters.
 """
 
 from __future__ import annotations
@@ -19,24 +25,39 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from fmha.contract import KernelEntry, cache_layouts, slots
-from fmha.kernels import host, triton_dense
-from fmha.oracles import metrics, oracle, paged_inputs, quantization, reference_kernel, verdict
-from fmha.properties import dense_laws, paged_laws, paged_strategies, strategies
+from fmha.contract import KernelEntry, MergeEntry
+from fmha.kernels import host, triton_dense, triton_paged
+from fmha.oracles import (check, diagnose, distributions, hazards, inputs, kernel_call, metrics, oracle, paged_inputs,
+                          quantization, reference_kernel, sample, verdict)
+from fmha.properties import covering, dense_laws, law_record, paged_laws, paged_strategies, run_settings, strategies
 from fmha.properties.catalog import LAWS
-from fmha.properties.law_record import Law
+from fmha.properties.test_agreement import SAMPLES as FEATURE_SAMPLES
 from fmha.registry import MERGES
-from fmha.regressions import paged_cases, paged_mutants
-from fmha.regressions.mutants import trap_mutants
-from fmha.tables import Table
+from fmha.regressions import eager_mutants, paged_cases, paged_mutants, shipped_mutants
 from fmha.regressions.isolation import check_case_isolated
+from fmha.regressions.mutants import MUTANTS, trap_mutants
 from fmha.regressions.mutation import Mutant
 from fmha.regressions.trap import Trap, check_case
 from fmha.regressions.traps import TRAP_FILES, TRAPS, load_directories
+from fmha.tables import Table
 
 # Every row computed for fmha's own mutants, keyed by what it depends on (row_key): shipped
 # with the package, so a run anywhere recomputes only what changed.
 ROWS = os.path.join(os.path.dirname(__file__), "kill_matrix_rows.json")
+NAMED_CASES_TEST = "test_named_regression_case"
+ENOUGH = 3  # test functions that must catch each mutant
+
+# What a row depends on besides the mutant's own module and its trap's: the judge, the draws, the laws.
+JUDGED_BY = (check, diagnose, distributions, hazards, inputs, kernel_call, metrics, oracle, paged_inputs, quantization,
+             reference_kernel, sample, verdict, covering, dense_laws, law_record, paged_laws, paged_strategies,
+             run_settings, strategies, host, triton_dense, triton_paged, paged_cases)
+
+
+def matrix_mutants() -> dict[str, Mutant]:
+    """The rows: every trap's mutants, then every other mutant that runs in-process on the CPU."""
+    rows = dict(trap_mutants())
+    rows.update({name: m for name, m in MUTANTS.items() if name not in rows and "cpu" in m.devices and not m.isolate})
+    return rows
 
 
 def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[str]:
@@ -50,71 +71,120 @@ def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[s
         return [f"raised {type(e).__name__}: {e}"]
 
 
-def is_v2(trap: Trap) -> bool:
-    """A trap of contract v2 (paged or index-sparse keys): the v2 laws are the ones to try."""
-    return any(case.problem.source != "dense" for case in trap.cases)
+def ci_settings(max_examples: int | None = None):
+    """The fmha-ci profile as pytest runs it under CI=true, first counterexample unshrunk."""
+    from fmha.properties.run_settings import register_profiles
+
+    register_profiles()
+    profile = settings.get_profile("fmha-ci")
+    return settings(profile, max_examples=max_examples or profile.max_examples, phases=[Phase.explicit, Phase.generate],
+                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
 
 
-def laws_for(trap: Trap) -> tuple:
-    """The laws a trap's mutant is tried on: those over its kind of keys (a merge law takes no kernel)."""
-    draws = "paged" if is_v2(trap) else "dense"
-    return tuple(law for law in LAWS.values() if law.draws == draws)
-
-
-# A v2 mutant is the eager float64 reference with one bug: its laws cost seconds, not the
-# interpreter's minutes, so they get the draws tests/test_law_mutants.py gives them.
-V2_LAW_EXAMPLES = 20
-
-
-def examples_for(trap: Trap, law_examples: int) -> int:
-    return max(law_examples, V2_LAW_EXAMPLES) if is_v2(trap) else law_examples
-
-
-def law_failure(kernel: KernelEntry, law, device: str, max_examples: int) -> str | None:
-    """The law's first counterexample on `kernel` (unshrunk), None when it holds, or
-    'n/a: ...' when the kernel lacks what the law needs."""
-    quick = settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                     phases=[Phase.generate], report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+def law_failure(entry, law, device: str, max_examples: int | None = None) -> str | None:
+    """The law's first counterexample on `entry` (a kernel, or a merge for a merge law), None
+    when it holds, or 'n/a: ...' when the law does not run on it."""
+    merge = entry if isinstance(entry, MergeEntry) else MERGES["torch-merge"]
+    kernel = eager_mutants.CORRECT if isinstance(entry, MergeEntry) else entry
+    if isinstance(entry, MergeEntry) and law.operands == "kernel":
+        return "n/a: a merge"
+    if not isinstance(entry, MergeEntry) and law.operands == "merge":
+        return "n/a: a merge law"
     try:
         law.require(kernel, device)
     except pytest.skip.Exception as e:
         return f"n/a: {e.msg}"
     try:
-        law.run(device, kernel, MERGES["torch-merge"], settings=quick)
+        law.run(device, kernel, merge, settings=ci_settings(max_examples))
     except pytest.skip.Exception:
         return None
     except Exception as e:  # noqa: BLE001 -- AssertionError or a crash: either way the law caught it
-        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return None
+
+
+def _grid_samples() -> list:
+    """The grid configs the CPU tier runs (properties/test_grid.py, not marked slow)."""
+    from fmha.oracles.sample import Sample
+    from fmha.properties import test_grid
+
+    return [Sample(problem=param.values[0]) for param in test_grid._params() if not param.marks]
+
+
+def agreement_failure(kernel: KernelEntry, samples, device: str) -> str | None:
+    """The first sample of an agreement test the kernel fails (an exception counts)."""
+    for s in samples:
+        if kernel.not_supported_reasons(s.problem, device):
+            continue
+        try:
+            verdict = check.check_sample(kernel, s, device)
+        except Exception as e:  # noqa: BLE001
+            return f"{s.id}: raised {type(e).__name__}"
+        if not verdict.passed:
+            return s.id
+    return None
+
+
+def merge_tests_failing(merge: MergeEntry, device: str) -> list[str]:
+    """The merge tests (properties/test_merge.py) that `merge` fails."""
+    from fmha.properties import test_merge
+
+    failing = []
+    for problem, cuts in test_merge.CASES:
+        try:
+            test_merge.test_merge_of_key_splits_equals_attention_over_all_keys(merge, problem, cuts, device)
+        except Exception:  # noqa: BLE001
+            failing.append("test_merge_of_key_splits_equals_attention_over_all_keys")
+            break
+    try:
+        test_merge.test_all_parts_empty_gives_zero_and_minus_infinity_or_the_sink(merge, device)
+    except Exception:  # noqa: BLE001
+        failing.append("test_all_parts_empty_gives_zero_and_minus_infinity_or_the_sink")
+    return failing
 
 
 @dataclass
 class Row:
     mutant: str
-    own: list[str]  # failures on its own trap's cases (first per case)
+    own: list[str]  # failures on its own trap's cases (first per case); [] for a mutant of no trap
     other_traps: list[str] = field(default_factory=list)  # trap ids whose cases also catch it
     laws_caught: list[str] = field(default_factory=list)
     laws_run: int = 0
+    agreement_caught: list[str] = field(default_factory=list)  # the agreement (or merge) tests that catch it
     note: str = ""
     seconds: float = 0.0
     device: str = ""
 
+    @property
+    def tests(self) -> list[str]:
+        """The distinct test functions that catch it."""
+        named = [NAMED_CASES_TEST] if any(f != "(passed)" for f in self.own) or self.other_traps else []
+        return sorted({*named, *(LAWS[name].test for name in self.laws_caught if name in LAWS), *self.agreement_caught})
 
-def mutant_row(name: str, device: str, law_examples: int) -> Row:
-    """The row of trap mutant `name` (by name: rows are computed in spawned processes)."""
+
+def mutant_row(name: str, device: str, law_examples: int | None = None) -> Row:
+    """The row of mutant `name` (by name: rows are computed in spawned processes)."""
     start = time.perf_counter()
-    mutant = trap_mutants()[name]
-    trap = TRAPS[mutant.trap]
-    row = Row(mutant.name, [(case_failures(mutant, trap, i, device) or ["(passed)"])[0] for i in range(len(trap.cases))])
+    mutant = matrix_mutants()[name]
+    trap = TRAPS.get(mutant.trap)
+    own = [(case_failures(mutant, trap, i, device) or ["(passed)"])[0] for i in range(len(trap.cases))] if trap else []
+    row = Row(name, own)
     if mutant.isolate:
         row.note = f"{ {'hang': 'hangs', 'crash': 'crashes'}[mutant.isolate]} its process: run isolated, on its own cases only"
     else:
-        kernel = mutant.kernel()
-        row.other_traps = [t.id for t in TRAPS.values() if t.id != trap.id and any(
-            case_failures(mutant, t, i, device) for i, case in enumerate(t.cases)
-            if not kernel.not_supported_reasons(case.problem, device))]
-        for law in laws_for(trap):
-            failure = law_failure(kernel, law, device, examples_for(trap, law_examples))
+        entry = mutant.kernel()
+        if isinstance(entry, MergeEntry):
+            row.agreement_caught = merge_tests_failing(entry, device)
+        if isinstance(entry, KernelEntry):
+            row.other_traps = [t.id for t in TRAPS.values() if t.id != mutant.trap and any(
+                case_failures(mutant, t, i, device) for i, case in enumerate(t.cases)
+                if not entry.not_supported_reasons(case.problem, device))]
+            for test, samples in (("test_kernel_matches_oracle", FEATURE_SAMPLES),
+                                  ("test_grid_config_matches_oracle", _grid_samples())):
+                if agreement_failure(entry, samples, device):
+                    row.agreement_caught.append(test)
+        for law in LAWS.values():
+            failure = law_failure(entry, law, device, law_examples)
             if failure is not None and failure.startswith("n/a"):
                 continue
             row.laws_run += 1
@@ -125,28 +195,32 @@ def mutant_row(name: str, device: str, law_examples: int) -> Row:
     return row
 
 
-def row_key(mutant: Mutant, law_examples: int) -> str:
-    """Changes when anything a row depends on changes: the trap module (cases and mutant),
-    the kernel it patches, the laws, the verdict they apply or the number of draws. Not the
-    device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
-    trap = TRAPS[mutant.trap]
-    judged_by = (paged_mutants, paged_cases, reference_kernel, paged_laws, paged_strategies, oracle, paged_inputs,
-                 quantization, cache_layouts, slots) if is_v2(trap) else (triton_dense, host, dense_laws, strategies)
-    parts = [TRAP_FILES[trap.id], *(inspect.getsourcefile(m) for m in (*judged_by, Law, metrics, verdict))]
-    digest = hashlib.sha1(f"{mutant.name} {examples_for(trap, law_examples)}".encode())
-    for path in parts:
+def _defining_file(mutant: Mutant) -> str:
+    build = getattr(mutant.build, "func", mutant.build)
+    return inspect.getsourcefile(build)
+
+
+def row_key(mutant: Mutant, law_examples: int | None) -> str:
+    """Changes when anything a row depends on changes: its trap module, the module its kernel is
+    built in, the judge, the draws, the laws, the number of draws. Not the device: a row computed
+    on a GPU stays valid for a CPU-only contributor who adds a trap."""
+    parts = [TRAP_FILES[mutant.trap]] if mutant.trap else []
+    parts += [_defining_file(mutant), *(inspect.getsourcefile(m) for m in (*JUDGED_BY, paged_mutants, shipped_mutants,
+                                                                          eager_mutants))]
+    digest = hashlib.sha1(f"{mutant.name} {law_examples}".encode())
+    for path in sorted(set(parts)):
         with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()[:16]
 
 
-def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = None, progress=print,
+def build(device: str, law_examples: int | None = None, jobs: int = 1, cache: dict | None = None, progress=print,
           cases_dirs: tuple[str, ...] = (), mutants: dict[str, Mutant] | None = None) -> list[Row]:
-    """One row per trap mutant (or per one of `mutants`), reusing rows in `cache` whose key
+    """One row per matrix mutant (or per one of `mutants`), reusing rows in `cache` whose key
     still matches (the cache is updated in place); with jobs > 1, mutants run in parallel child
     processes, which load the traps of `cases_dirs` (--fmha-cases) as this process has."""
     cache = {} if cache is None else cache
-    mutants = trap_mutants() if mutants is None else mutants
+    mutants = matrix_mutants() if mutants is None else mutants
     keys = {name: row_key(mutant, law_examples) for name, mutant in mutants.items()}
     stale = [name for name, key in keys.items() if cache.get(name, {}).get("key") != key]
     progress(f"{len(stale)} row(s) to compute, {len(mutants) - len(stale)} reused")
@@ -157,9 +231,10 @@ def build(device: str, law_examples: int, jobs: int = 1, cache: dict | None = No
         computing = (pool.map if pool else map)(mutant_row, stale, [device] * len(stale), [law_examples] * len(stale))
         for done, row in enumerate(computing, 1):  # each row as it comes: a fresh matrix takes minutes
             cache[row.mutant] = {"key": keys[row.mutant], "row": dataclasses.asdict(row)}
-            progress(f"[{done}/{len(stale)}, {time.perf_counter() - start:.0f} s] {row.mutant}: own cases "
-                     f"{'caught' if all(f != '(passed)' for f in row.own) else 'MISSED'}, "
-                     f"{len(row.laws_caught)}/{row.laws_run} laws ({row.seconds:.0f} s)")
+            caught = "" if not row.own else ("own cases caught, " if all(f != "(passed)" for f in row.own)
+                                              else "own cases MISSED, ")
+            progress(f"[{done}/{len(stale)}, {time.perf_counter() - start:.0f} s] {row.mutant}: {caught}"
+                     f"{len(row.tests)} test functions, {len(row.laws_caught)}/{row.laws_run} laws ({row.seconds:.0f} s)")
     for name in set(cache) - set(mutants):
         del cache[name]
     return [Row(**cache[name]["row"]) for name in mutants]
@@ -184,43 +259,48 @@ def correct_kernel_failures(kernels: list[KernelEntry], device: str, progress=pr
     return result
 
 
+def short_of(rows: list[Row]) -> list[Row]:
+    """Rows of in-process mutants fewer than ENOUGH test functions catch."""
+    return [r for r in rows if not r.note and len(r.tests) < ENOUGH]
+
+
 def render(rows: list[Row], correct: dict[str, list[str]], device: str, command: str, date: str) -> str:
     devices = ", ".join(sorted({r.device for r in rows}))
     out = [
         "# Kill matrix",
         "",
-        f"Generated by `{command}` on {device}, {date} (mutant rows computed on {devices}; a row is",
-        "reused from the .json beside this page while its trap, the kernel, the laws and the verdict are unchanged).",
-        "Each mutant is fmha's kernel with one seed bug",
-        "put back (regressions/traps/). CI asserts the diagonal (every mutant fails every case of its",
-        "own trap) and that correct kernels pass every case (tests/test_kill_matrix.py, regressions/test_traps.py); this page shows",
-        "what else catches each bug, including the generic property suite (the metamorphic laws of",
-        "properties/dense_laws.py, or for a contract-v2 trap those of properties/paged_laws.py; first",
-        f"counterexample of a few hypothesis draws each, {V2_LAW_EXAMPLES} for a v2 law). A v2 mutant is the float64",
-        "reference kernel with one paged or sparse bug (regressions/paged_mutants.py).",
+        f"Generated by `{command}` on {device}, {date} (mutant rows computed on {devices}; a row is reused from the",
+        ".json beside this page while its mutant, its trap, the judge, the draws and the laws are unchanged).",
+        "",
+        "A row per mutant that runs in-process on the CPU (fmha.regressions.mutants): fmha's kernels with one seed bug put",
+        "back (regressions/traps/), the eager and float64 reference kernels with one bug (regressions/eager_mutants.py,",
+        "regressions/paged_mutants.py) and with a bug public kernels shipped (regressions/shipped_mutants.py, each with",
+        "its source). Each law and agreement test runs as pytest runs it under `CI=true` (the fmha-ci profile, its",
+        "pinned and covering samples first, first counterexample unshrunk). CI asserts the diagonal (every trap's",
+        "mutant fails every case of its trap), that correct kernels pass every case, and that at least "
+        f"{ENOUGH} distinct test",
+        "functions catch every mutant in this table (tests/test_kill_matrix.py).",
         "",
     ]
-    table = Table(["mutant", "bug", "its own trap's cases", "other traps' cases that catch it",
-                   "property laws that catch it"])
-    mutants = trap_mutants()
+    table = Table(["mutant", "bug", "its own trap's cases", "test functions that catch it", "laws that catch it",
+                   "other traps' cases that catch it"])
+    mutants = matrix_mutants()
     for r in rows:
         mutant = mutants[r.mutant]
         own = "; ".join(f.split(":")[0] for f in r.own)
         caught_all = all(f != "(passed)" for f in r.own)
-        laws_cell = r.note or (f"{len(r.laws_caught)}/{r.laws_run}: " + ", ".join(r.laws_caught) if r.laws_caught
-                               else f"**none of {r.laws_run}**")
-        table.add(r.mutant, mutant.bug, f"{'caught' if caught_all else '**MISSED**'} ({own})",
-                  ", ".join(r.other_traps) or "—", laws_cell)
+        own_cell = (f"{'caught' if caught_all else '**MISSED**'} ({own})" if r.own else "— (no trap)")
+        bug = mutant.bug + (f" ([source]({mutant.source}))" if mutant.source else "")
+        tests = r.note or (f"{len(r.tests)}" if len(r.tests) >= ENOUGH else f"**{len(r.tests)}**")
+        laws_cell = "" if r.note else f"{len(r.laws_caught)}/{r.laws_run}: " + ", ".join(r.laws_caught)
+        table.add(r.mutant, bug, own_cell, tests, laws_cell, ", ".join(r.other_traps) or "—")
     out.append(table.markdown())
-    gaps = [r.mutant for r in rows if not r.note and not r.laws_caught]
     out += ["", "## Gaps", ""]
-    out += ([f"- `{name}`: no property law catches it; only named cases do." for name in gaps]
-            or ["- none: every mutant run in-process is caught by at least one property law."])
+    out += ([f"- `{r.mutant}`: caught by {len(r.tests)} test function(s) ({', '.join(r.tests) or 'none'})"
+             for r in short_of(rows)]
+            or [f"- none: every mutant run in-process is caught by at least {ENOUGH} test functions."])
     correct_table = Table(["kernel", "cases failed"])
     for name, failures in correct.items():
         correct_table.add(name, "; ".join(failures) if failures else "0")
-    out += ["", "## Correct kernels on every named case", "", correct_table.markdown()]
-    for draws, what in (("dense", "Laws run on dense-key mutants"), ("paged", "Laws run on paged and sparse mutants")):
-        out.append(f"{what}: {', '.join(law.name for law in LAWS.values() if law.draws == draws)}.")
-    out.append("")
+    out += ["", "## Correct kernels on every named case", "", correct_table.markdown(), ""]
     return "\n".join(out)

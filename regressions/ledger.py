@@ -26,9 +26,13 @@ Kernel authors keep records for their own kernels in a TOML file of their own, p
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
+import importlib.util
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,37 +69,9 @@ class KnownFailure:
 KINDS = ("", "bug", "design", "unexplained")
 
 
-_NAN_LEAK = ("masked keys get weight 0 but their V still enters P.V, and 0 * NaN = NaN: a NaN in a "
-             "value no query row can see (older than every row's window) reaches the output")
-
-LEDGER: tuple[KnownFailure, ...] = (
-    KnownFailure(
-        "sdpa-math", "test_invisible_keys_and_storage_past_s_do_not_leak", _NAN_LEAK, "fmha issue 4",
-        evidence="shrunk: Problem(batch=1, q_len=1, kv_len=2, heads_q=1, heads_kv=1, head_dim=16, "
-                 "window=1, bf16): o is NaN in all 16 elements (torch 2.13 CPU, 2026-11-29; the same on an "
-                 "H200, torch 2.11, 2026-12-01)",
-    ),
-    KnownFailure(
-        "sdpa-paged", "test_invisible_keys_and_storage_past_s_do_not_leak", _NAN_LEAK, "fmha issue 4",
-        evidence="its dense calls are sdpa-math's: the same one-row, two-key, window=1 case "
-                 "(`python -m fmha.ci.verify --fmha-kernel sdpa-paged`, CPU, torch 2.13, 2026-12-01)",
-    ),
-    *(KnownFailure(
-        name, "test_invisible_keys_and_storage_past_s_do_not_leak", _NAN_LEAK, "fmha issue 4", devices=("cuda",),
-        evidence="the same one-row, two-key, window=1 case: o is NaN in all 16 elements "
-                 "(`python -m fmha.ci.verify --fmha-device cuda`, an H200, torch 2.11, 2026-12-01)",
-    ) for name in ("sdpa-efficient", "sdpa-cudnn", "flex")),
-    KnownFailure(
-        "sdpa-flash", "test_invisible_keys_and_storage_past_s_do_not_leak", _NAN_LEAK, "fmha issue 4",
-        devices=("cpu",),
-        evidence="shrunk: the same one-row, two-key, window=1 case (CPU flash kernel, torch 2.13, 2026-11-29)",
-    ),
-)
-
-
 # Other libraries' kernels, through fmha's adapters (fmha/adapters/): what the suite found, with
 # the command that shows it, on the version named.
-LEDGER += (
+LEDGER: tuple[KnownFailure, ...] = (
     KnownFailure(
         "flashmla", "test_named_regression_case", "NaN outputs where the float64 oracle (and fmha's kernels) are "
         "finite once the keys' ue8m0 tile scales are large: every key scaled by 2^32 (any input distribution but "
@@ -230,7 +206,29 @@ def load_known_failures(path: str) -> tuple[KnownFailure, ...]:
             records.append(KnownFailure(**table))
         except (TypeError, ValueError) as e:
             raise ValueError(f"--fmha-known-failures {path}: record {i + 1}: {e}") from None
+    tests = suite_tests()
+    for i, record in enumerate(records):
+        if record.test not in tests and not record.test.startswith("sanitize:"):
+            near = difflib.get_close_matches(record.test, tests, n=3, cutoff=0.6)
+            raise ValueError(f"--fmha-known-failures {path}: record {i + 1}: test {record.test!r} names no test of "
+                             f"fmha's suite, so it would never apply" + (f"; did you mean {', '.join(near)}?" if near
+                                                                        else "; `pytest --pyargs fmha --co -q` lists them"))
     return tuple(records)
+
+
+def suite_tests() -> set[str]:
+    """The names of the test functions of fmha's suite, which a record names (besides the
+    sanitizer's `sanitize:TOOL`): one per law, and the `def test_...` of its test modules (read,
+    not imported: importing them loads Triton, which a process loads once)."""
+    from fmha.properties.catalog import LAWS
+
+    names = {law.test for law in LAWS.values()}
+    for package in ("fmha.properties", "fmha.regressions"):
+        for folder in importlib.util.find_spec(package).submodule_search_locations:
+            for path in Path(folder).glob("test_*.py"):
+                names |= {node.name for node in ast.walk(ast.parse(path.read_text()))
+                          if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+    return names
 
 
 def known_failure(records, kernel: str, test: str, device: str, case_id: str = "") -> KnownFailure | None:

@@ -43,6 +43,7 @@ class Mutant:
     # The correct kernel it is one bug away from, for the laws it proves (Law.mutant): that one obeys them.
     twin: Callable[[], KernelEntry | MergeEntry] | None = None
     devices: tuple[str, ...] = ("cpu", "cuda")  # where it can be built and run (the Gluon and CUDA kernels': cuda)
+    source: str = ""  # where a public kernel shipped the bug (an issue or pull request)
 
     def __post_init__(self):
         if not self.name or self.name != self.name.lower() or "_" in self.name or " " in self.name:

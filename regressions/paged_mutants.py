@@ -167,6 +167,15 @@ def _decoded_as(k, layout, mistake):
         scales[..., :spec.tiles] = scales[..., :spec.tiles].roll(-1, dims=-1).clone()
     if mistake == "scale clamped":
         scales[..., :spec.tiles] = scales[..., :spec.tiles].clamp(127 - 64, 127 + 63)
+    if mistake == "scale one":
+        scales[..., :spec.tiles] = 127
+    if mistake == "negative zero NaN":  # -0 (e4m3 0x80, e2m1 0x8) read as the NaN of e4m3fnuz's convention
+        values = quantization.dequantize(pages, spec, block_size)
+        element_codes = codes.long() if spec.element.bits == 8 else torch.stack([codes & 0xF, codes >> 4], -1).flatten(-2).long()
+        negative_zero = element_codes == (0x80 if spec.element.bits == 8 else 0x8)
+        quantized = values[:, :, 0, :spec.quantized_dims]
+        quantized[negative_zero] = math.nan
+        return values.to(torch.bfloat16)
     if mistake == "subnormals flushed" and spec.element is cache_layouts.E4M3:
         codes[(codes & 0x78) == 0] = 0
     if mistake == "halves flushed" and spec.element is cache_layouts.E2M1:  # e2m1's one subnormal, 0.5
@@ -214,6 +223,106 @@ def scale_exponent_clamped(q, k, v, *, cache_layout, **kw):
     """ue8m0 tile scales clamped to 2^-64 .. 2^63 (an exponent kept in a signed byte)."""
     cache = _decoded_as(k, cache_layout, "scale clamped")
     return reference(q, cache, cache, **kw)
+
+
+@_bug
+def kv_scale_ignored(q, k, v, *, cache_layout, **kw):
+    """A quantized cache's tile scales read as 1."""
+    cache = _decoded_as(k, cache_layout, "scale one")
+    return reference(q, cache, cache, **kw)
+
+
+@_bug
+def negative_zero_read_as_nan(q, k, v, *, cache_layout, **kw):
+    """Negative zero (e4m3 0x80, e2m1 0x8) read as NaN, the code e4m3fnuz gives NaN: the encoder
+    never writes it, a cache from another quantizer does."""
+    cache = _decoded_as(k, cache_layout, "negative zero NaN")
+    return reference(q, cache, cache, **kw)
+
+
+@_bug
+def table_rows_assumed_packed(q, k, v, *, block_table, **kw):
+    """The block table's rows read max_blocks apart: a table that is a slice of a wider one is
+    read at the wrong rows."""
+    packed = block_table.as_strided(block_table.shape, (block_table.shape[1], 1), block_table.storage_offset())
+    return reference(q, k, v, block_table=packed.clone(), **kw)
+
+
+@_bug
+def queries_assumed_packed(q, k, v, *, cache_layout=None, **kw):
+    """q's rows and heads read as packed: a strided q is read at the wrong places."""
+    packed = q.as_strided(q.shape, torch.empty(q.shape).stride(), q.storage_offset()).clone()
+    return reference(packed, k, v, cache_layout=cache_layout, **kw)
+
+
+@_bug
+def shared_page_read_once(q, k, v, *, block_table, kv_lens, **kw):
+    """A page a request before it read is read again as a page nothing holds (a page cache that
+    hands each page out once)."""
+    table, bs = block_table.clone(), k.shape[1]
+    used = {int(p) for b, n in enumerate(kv_lens.tolist()) for p in block_table[b, :-(-n // bs)].tolist()}
+    spare = next((p for p in range(k.shape[0]) if p not in used), None)
+    seen = set()
+    for b, n in enumerate(kv_lens.tolist()):
+        for i in range(-(-n // bs)):
+            page = int(table[b, i])
+            if page in seen and spare is not None:
+                table[b, i] = spare
+            seen.add(page)
+    return reference(q, k, v, block_table=table, kv_lens=kv_lens, **kw)
+
+
+@_bug
+def full_last_page_read_empty(q, k, v, *, block_table, kv_lens, **kw):
+    """A last page's length taken as kv_len % block_size: 0 for a request whose keys fill it, so
+    its last page is read empty."""
+    bs = k.shape[1]
+    lens = torch.where((kv_lens > 0) & (kv_lens % bs == 0), kv_lens - bs, kv_lens).to(torch.int32)
+    return reference(q, k, v, block_table=block_table, kv_lens=lens, **kw)
+
+
+def group_as_power_of_two(q, k, v, *, cache_layout=None, **kw):
+    """Query head h reads KV head h // g', g' the group rounded up to a power of two (a shift in
+    place of a division): right only for groups 1, 2, 4, 8, 16.
+
+    Every call, dense ones too: heads map alike whatever the keys' source."""
+    group = q.shape[-2] // k.shape[2]
+    if cache_layout is not None or kw.get("extra_k_cache") is not None or group & (group - 1) == 0:
+        return reference(q, k, v, cache_layout=cache_layout, **kw)
+    heads = (torch.arange(q.shape[-2]) // (1 << (group - 1).bit_length())).clamp(max=k.shape[2] - 1).to(k.device)
+    k_heads = k.index_select(2, heads)
+    return reference(q, k_heads, k_heads if v is k else v.index_select(2, heads), **kw)
+
+
+@_bug
+def masked_row_nan(q, k, v, *, out=None, **kw):
+    """A row that sees no key while its request has keys (the mask's or the indices' doing, not
+    a kv length of 0) divides 0 by 0."""
+    o, lse = reference(q, k, v, **kw)
+    sink = kw.get("sink")
+    empty = torch.isneginf(lse) if sink is None else lse == sink.view(-1, 1)  # (B, Hq, T) or (Hq, total)
+    rows = empty.any(-2 if lse.dim() == 3 else 0)  # (B, T) or (total,)
+    if kw.get("kv_lens") is not None:  # not the rows of requests with no keys: no_keys_nan's
+        lens, cu = kw["kv_lens"], kw.get("cu_seqlens_q")
+        keys = torch.repeat_interleave(lens, torch.diff(cu)) if cu is not None else lens.view(-1, 1).expand(rows.shape)
+        rows &= keys > 0
+    o = o.clone()
+    o[rows] = math.nan
+    return (o if out is None else out.copy_(o)), lse
+
+
+_plans = {}
+
+
+@_bug
+def plan_reused(q, k, v, **kw):
+    """The call's plan (its block table, lengths and indices) kept by the shapes of its
+    arguments: a second call of the same shapes runs the first call's plan on its own data."""
+    metadata = ("block_table", "kv_lens", "cu_seqlens_q", "indices", "topk_len", "extra_indices", "extra_topk_len")
+    key = tuple((name, tuple(t.shape)) for name, t in sorted({"q": q, "k": k, "v": v, **kw}.items())
+                if isinstance(t, torch.Tensor))
+    plan = _plans.setdefault(key, {name: kw[name].clone() for name in metadata if kw.get(name) is not None})
+    return reference(q, k, v, **{**kw, **plan})
 
 
 @_bug
@@ -283,13 +392,15 @@ def topk_len_zero_reads_all(q, k, v, *, indices, topk_len, extra_indices=None, e
     return reference(q, k, v, indices=indices, topk_len=limit(topk_len, indices), **extra, **kw)
 
 
-@_bug
-def softmax_without_the_row_max(q, k, v, *, cache_layout, **kw):
+def softmax_without_the_row_max(q, k, v, **kw):
     """exp(logit) summed in float32 without subtracting the row's max first: a row whose sum
-    passes float32's range (its lse above ln(FLT_MAX), about 88.7) is inf / inf = NaN."""
-    o, lse = reference(q, k, v, cache_layout=cache_layout, **kw)
-    overflow = lse > math.log(torch.finfo(torch.float32).max)  # (B, Hq, T)
-    return o.masked_fill_(overflow.transpose(1, 2)[..., None], math.nan), lse  # in `out` when given
+    passes float32's range (its lse above ln(FLT_MAX), about 88.7) is inf / inf = NaN.
+
+    Every call, dense ones too: large logits overflow whatever the keys' source."""
+    o, lse = reference(q, k, v, **kw)
+    overflow = lse > math.log(torch.finfo(torch.float32).max)  # (B, Hq, T), or (Hq, total_q) ragged
+    rows = overflow.transpose(1, 2) if lse.dim() == 3 else overflow.T
+    return o.masked_fill_(rows[..., None], math.nan), lse  # in `out` when given
 
 
 # mutant -> the trap whose cases it must fail ("" where the laws alone prove it)
@@ -301,6 +412,9 @@ _TRAPS = {
     topk_len_ignored: "topk-len-ignored", last_index_dropped: "last-index-dropped", sink_per_scope: "sink-per-scope",
     fp8_scale_of_the_next_tile: "fp8-scale-wrong-tile", rope_read_as_fp8: "rope-read-as-fp8",
     fp8_subnormals_flushed: "", fp4_halves_flushed: "", scale_exponent_clamped: "",
+    negative_zero_read_as_nan: "", table_rows_assumed_packed: "", queries_assumed_packed: "",
+    shared_page_read_once: "", full_last_page_read_empty: "", group_as_power_of_two: "", masked_row_nan: "",
+    plan_reused: "",
     zero_query_request_shifts_rows: "zero-query-request", window_one_too_wide: "", causal_from_the_first_key: "",
     repeated_index_counted_once: "", last_slot_unread: "", topk_len_zero_reads_all: "",
     softmax_without_the_row_max: "large-key-scales",

@@ -65,6 +65,44 @@ def check_case(kernel: KernelEntry, case: Sample, device: str, symptoms: tuple[S
     return failures + [f"likely cause: {hint}" for hint in verdict.hints] if failures else []
 
 
+def fails_like(kernel: KernelEntry, mutants, case: Sample, device: str) -> bool | None:
+    """Whether `kernel` fails `case` the way one of `mutants` (kernels with the trap's bug) does:
+    the same elements non-finite, and its error (o, and lse where both return one) pointing the
+    same way as the mutant's and of about its size. None without a mutant to compare with."""
+    if not mutants:
+        return None
+    x = case.inputs(device)
+    run = run_kernel(kernel, x)
+    oracle = oracle_of(run.inputs)
+    for mutant in mutants:
+        try:
+            other = run_kernel(mutant, case.inputs(device))
+        except Exception:  # noqa: BLE001 -- a mutant that raises here has no output to compare
+            continue
+        if _same_error(run, other, oracle):
+            return True
+    return False
+
+
+def _same_error(run, other, oracle) -> bool:
+    errors = []
+    for mine, theirs, exact in ((run.o, other.o, oracle.o), (run.lse, other.lse, oracle.lse)):
+        if mine is None or theirs is None:
+            continue
+        bad = ~torch.isfinite(mine)
+        if not torch.equal(bad, ~torch.isfinite(theirs)):
+            return False
+        exact = exact.to(mine.device).double()
+        scale = exact[torch.isfinite(exact)].abs().mean().clamp(min=1e-30) if exact.numel() else 1.0
+        keep = ~bad & torch.isfinite(exact)
+        errors.append((((mine.double() - exact) / scale)[keep], ((theirs.double() - exact) / scale)[keep]))
+    mine, theirs = (torch.cat([e[i] for e in errors]) if errors else torch.zeros(0) for i in (0, 1))
+    size, their_size = mine.norm(), theirs.norm()
+    if size < 1e-2 or their_size < 1e-2:  # no finite error past rounding: the non-finite pattern decides
+        return bool(size < 1e-2 and their_size < 1e-2)
+    return bool(torch.dot(mine, theirs) / (size * their_size) >= 0.9 and 0.5 <= size / their_size <= 2)
+
+
 def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> tuple[Sample | None, str]:
     """`case` as `kernel` can run it, or (None, why not).
 

@@ -121,3 +121,23 @@ def test_most_dsv4_named_cases_are_re_laid_to_run_on_flashmla():
         assert p.heads_q in (64, 128) and p.kv_len % 64 == 0 and (p.extra_topk or 0) % 64 == 0, (trap_id, p)
         verdict = check_sample(STANDIN, laid, "cpu")
         assert verdict.passed, f"{trap_id}: {verdict.message()}"
+
+
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash"])
+def test_sdpa_gets_only_the_keys_some_row_sees(name):
+    """SDPA multiplies a masked key's value by its weight of 0: a NaN left of every row's window
+    would reach the output. The adapter passes only the keys some row sees, and the answer is
+    the oracle's; SDPA given every key with the mask is NaN (what the adapter keeps it from)."""
+    from fmha.adapters.sdpa import _mask
+    from fmha.registry import KERNELS
+
+    sample = Sample(problem=Problem(batch=1, q_len=2, kv_len=9, heads_q=2, heads_kv=1, head_dim=16, window=3),
+                    hazards=("invisible-keys",))
+    x = sample.inputs()
+    assert torch.isnan(x.k[:, :5]).all()  # the 5 keys left of both rows' windows
+    verdict = check_sample(KERNELS[name], sample)
+    assert verdict.passed, verdict.message()
+    k, v = x.k.repeat_interleave(2, dim=2), x.v.repeat_interleave(2, dim=2)
+    raw = torch.nn.functional.scaled_dot_product_attention(
+        x.q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=_mask(2, 9, True, 3, "cpu"))
+    assert torch.isnan(raw).all()

@@ -266,7 +266,7 @@ def _missing_functions(text: str) -> list[str]:
     for name in _modules():
         by_last.setdefault(name.rsplit(".", 1)[-1], []).append(name)
     missing = []
-    for token in set(_DOTTED.findall(text)):
+    for token in set(_DOTTED.findall(text)) - set(_modules()):  # a module that exists is not a missing function
         module_name, _, attr = token.rpartition(".")
         candidates = [module_name] if module_name in _modules() else by_last.get(module_name, [])
         if len(candidates) == 1 and not hasattr(importlib.import_module(candidates[0]), attr):

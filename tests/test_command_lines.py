@@ -39,3 +39,22 @@ def test_a_kernel_nothing_answers_to_is_a_usage_error(command, spec, says, capsy
 def test_every_command_takes_the_same_device_option(command, capsys):
     assert _exit_status(COMMANDS[command], ["--fmha-device", "tpu"]) == 2
     assert "--fmha-device: invalid choice: 'tpu' (choose from" in capsys.readouterr().err
+
+
+def test_verify_and_matrix_outside_the_checkout_leave_nothing_in_the_current_directory(capsys, tmp_path, monkeypatch):
+    """A kernel author's repository gets no .hypothesis/ and no kill-matrix files: the page goes
+    to stdout, the rows to the user's cache."""
+    from fmha.regressions import kill_matrix
+
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    assert verify.main(["--fmha-kernel", "sdpa-math", "--fmha-device", "cpu", "--law-examples", "1",
+                        "--only", "linear_in_v"]) == 0
+    monkeypatch.setattr(kill_matrix, "build", lambda *a, **k: [])
+    monkeypatch.setattr(kill_matrix, "correct_kernel_failures", lambda *a, **k: {"sdpa-math": []})
+    assert cli.main(["matrix", "--fmha-kernel", "sdpa-math", "--fmha-device", "cpu"]) == 0
+    assert "# Kill matrix" in capsys.readouterr().out
+    assert not list(work.iterdir()), sorted(p.name for p in work.iterdir())
+    assert (cache / "fmha" / "kill-matrix-rows.json").exists()

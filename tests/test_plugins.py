@@ -148,6 +148,7 @@ def test_a_buggy_plugged_kernel_fails_naming_its_bug(plugged, plugin, named):
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, result.stdout.str()[-3000:]
     assert named in result.stdout.str(), result.stdout.str()[-3000:]
+    assert "pin it: Sample(problem=Problem(" in result.stdout.str(), result.stdout.str()[-3000:]
 
 
 @pytest.mark.parametrize(
@@ -180,6 +181,14 @@ def test_a_missing_attribute_is_a_usage_error(plugged):
     result = plugged.runpytest(AGREEMENT, "--fmha-kernel=plugged_kernels:nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "module 'plugged_kernels' has no attribute 'nope'" in result.stderr.str()
+
+
+def test_a_plugin_that_does_not_compile_is_a_usage_error_naming_the_line(plugged):
+    plugged.makepyfile(broken_kernels="def fwd(q, k, v,\n    return q\n")
+    result = plugged.runpytest(AGREEMENT, "--fmha-kernel=broken_kernels:fwd")
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "INTERNALERROR" not in result.stdout.str() + err
+    assert "'broken_kernels' does not compile" in err and "broken_kernels.py, line 1" in err, err
 
 
 def test_unsupported_combinations_are_skips_carrying_the_kernels_reason(plugged):
@@ -270,6 +279,12 @@ def test_a_users_known_failure_file_marks_strict_xfails_and_a_bad_one_is_a_usage
         reason = "the scale argument is not wired through yet"
         issue = "mykernel#7"
         case = "scale0.3"
+    '''), misnamed=textwrap.dedent('''
+        [[known_failure]]
+        kernel = "plugged_kernels:ignores_scale"
+        test = "test_kernel_matches_the_oracle"
+        reason = "x"
+        issue = "x"
     '''), typo=textwrap.dedent('''
         [[known_failure]]
         kernel = "plugged_kernels:ignores_scale"
@@ -289,6 +304,10 @@ def test_a_users_known_failure_file_marks_strict_xfails_and_a_bad_one_is_a_usage
     typo = _run(plugged, "ignores_scale", "--fmha-known-failures=typo.toml")
     assert typo.ret == pytest.ExitCode.USAGE_ERROR
     assert "typo.toml: record 1: unknown field(s) ['cases']" in typo.stderr.str()
+    misnamed = _run(plugged, "ignores_scale", "--fmha-known-failures=misnamed.toml")
+    assert misnamed.ret == pytest.ExitCode.USAGE_ERROR
+    assert ("record 1: test 'test_kernel_matches_the_oracle' names no test of fmha's suite, so it would never apply; "
+            "did you mean test_kernel_matches_oracle" in misnamed.stderr.str()), misnamed.stderr.str()
 
 
 def test_pyargs_fmha_collects_the_suite_whatever_the_install(plugged):

@@ -29,6 +29,9 @@ def test_a_distributed_session_piped_says_what_is_running(pytester):
     assert lines, result.stdout.str()[-2000:]
     assert any("/2 done in" in line and "1 failed" in line and "running test_slow.py::test_slow (" in line
                for line in lines), lines
+    # in place of the dots: a failure's F still marks it, no row of dots waits to fill
+    marks = [line for line in result.outlines if line.strip() and set(line.split("[")[0].strip()) <= set(".sF")]
+    assert marks and all("." not in line.split("[")[0] for line in marks), result.stdout.str()[-2000:]
 
 
 def test_verify_piped_writes_a_line_every_few_seconds(monkeypatch, capsys):
@@ -36,3 +39,15 @@ def test_verify_piped_writes_a_line_every_few_seconds(monkeypatch, capsys):
     verify.main(["--fmha-kernel", "sdpa-math", "--fmha-device", "cpu", "--law-examples", "0"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fmha verify: ")]
     assert len(lines) >= 2 and " done in " in lines[-1] and "; now sdpa-math " in lines[-1], lines
+
+
+def test_the_nightly_gate_piped_writes_a_line_every_few_seconds(monkeypatch, capsys):
+    from fmha.ci import nightly
+    from fmha.properties.grid import GRID
+    from fmha.registry import KERNELS
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.05)
+    configs = [c for c in GRID if (c.head_dim, c.q_len) == (64, 1)]
+    nightly.run_gate([KERNELS["sdpa-math"]], "cpu", 1, nightly.cases(configs, []))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fmha nightly: ")]
+    assert len(lines) >= 2 and " runs in " in lines[-1] and "last sdpa-math hd64" in lines[-1], lines

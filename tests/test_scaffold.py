@@ -85,6 +85,8 @@ def test_a_bad_cases_directory_is_refused_naming_it(tmp_path):
 
     with pytest.raises(ValueError, match="--fmha-cases .*missing: expected a directory of trap modules"):
         load_directory(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="expected trap modules .* found no .py file there"):
+        load_directory(str(tmp_path))  # empty
     (tmp_path / "broken.py").write_text("import no_such_module\n")
     with pytest.raises(ValueError, match=r"broken.py does not import: ModuleNotFoundError"):
         load_directory(str(tmp_path))

@@ -23,7 +23,10 @@ with their starts (FlashAttention's and vLLM's `cu_seqlens_q`, FlashInfer's `qo_
 
 Windows: fmha's `window=w` sees exactly w keys, the current one included. FlashInfer's
 `window_left` and FlashAttention's / vLLM's `window_size[0]` count the keys left of the
-current one: `keys_left_of_current(w)` = w - 1, and -1 for no window.
+current one: `keys_left_of_current(w)` = w - 1, and -1 for no window. The keys left of every
+row's window are no row's, and may hold anything (NaN): a library that gives a masked key a
+weight of 0 still multiplies its value (0 * NaN = NaN), so an adapter passes it only the keys
+some row sees: `keys_some_row_sees`.
 """
 
 from __future__ import annotations
@@ -71,3 +74,13 @@ def packed_queries(q: torch.Tensor, cu_seqlens_q: torch.Tensor | None):
         return q, cu_seqlens_q
     batch, rows = q.shape[:2]
     return q.flatten(0, 1), torch.arange(batch + 1, dtype=torch.int32, device=q.device) * rows
+
+
+def keys_some_row_sees(k: torch.Tensor, v: torch.Tensor, q_len: int, window: int | None):
+    """A dense call's k and v (B, S, H, D) from the first key some query row sees: the keys
+    before it are left of every row's window. Bottom-right alignment holds as it was: the rows
+    sit at the last positions of the keys that are left."""
+    if window is None:
+        return k, v
+    start = max(0, k.shape[1] - q_len - window + 1)
+    return k[:, start:], (k[:, start:] if v is k else v[:, start:])

@@ -8,6 +8,12 @@ Translation notes:
 - GQA/MQA: KV heads are repeated to Hq heads (every backend accepts that).
 - sink and LSE: only the CPU flash kernel returns an LSE; the sink is added afterwards from
   it, as a D5 merge with an empty part: o *= exp(lse - L), L = logaddexp(lse, sink).
+- keys no row sees: every backend gives a masked key a weight of 0 and still multiplies its
+  value, so a NaN in a key left of every row's window (which the contract lets hold anything)
+  reaches the output (measured: Problem(batch=1, q_len=1, kv_len=2, heads_q=1, heads_kv=1,
+  head_dim=16, window=1, bf16) gives o NaN in all 16 elements, torch 2.13 CPU math and flash,
+  2026-11-29; the math, efficient and cuDNN backends and Flex the same on an H200, torch 2.11,
+  2026-12-01). The adapters pass only the keys some row sees (`conventions.keys_some_row_sees`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fmha.contract import Capabilities, KernelEntry
 from fmha.contract import NotSupportedError, check_attention_args
+from fmha.adapters.conventions import keys_some_row_sees
 from fmha.kernels.torch_merge import add_sink
 
 NO_LSE = "SDPA's public API returns no LSE"
@@ -55,6 +62,7 @@ def _public_sdpa(backend: SDPBackend, entry_name: str):
             q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
             capabilities=KERNELS_BY_NAME[entry_name].capabilities_on(q.device.type),
         )
+        k, v = keys_some_row_sees(k, v, q.shape[1], window)  # SDPA's masked keys' values still enter P.V
         if backend == SDPBackend.FLASH_ATTENTION and causal and window is None:
             # Imported here: torch.nn.attention.bias imports torch._dynamo (1-5 s in every process).
             from torch.nn.attention.bias import causal_lower_right
@@ -88,6 +96,7 @@ def _cpu_flash(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
         q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
         capabilities=KERNELS_BY_NAME["sdpa-flash"].capabilities_on("cpu"),
     )
+    k, v = keys_some_row_sees(k, v, q.shape[1], window)
     visible = _mask(q.shape[1], k.shape[1], causal, window, q.device)
     additive = None
     if visible is not None:

@@ -34,7 +34,11 @@ def sdpa_paged(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
         if n == 0 or q_b.shape[0] == 0:
             outputs.append(q.new_zeros(q_b.shape[0], p.heads_q, p.head_dim_v))
             continue
-        slots = request_slots(block_table[b], n, p.block_size)
+        # Only the keys some row sees: SDPA gives the others a weight of 0, and 0 * NaN (what a
+        # key no row may read can hold) is NaN. Dropping keys from the front keeps the rows'
+        # bottom-right alignment.
+        seen = n - q_b.shape[0] - window + 1 if window is not None else 0
+        slots = request_slots(block_table[b], n, p.block_size)[max(seen, 0):]
         k_b, v_b = k.flatten(0, 1)[slots], v.flatten(0, 1)[slots]
         outputs.append(math_sdpa(q_b[None], k_b[None], v_b[None] if v is not k else k_b[None], scale=scale,
                                  causal=causal, window=window)[0][0])

@@ -192,10 +192,13 @@ def _scope_loop(
     zero = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32) * qk_scale
     lo = first
     hi = tl.minimum(n_keys, last)
+    # The first key a row of the block sees: the keys of its first tile before it are no row's,
+    # and may hold anything (NaN): they are not loaded, or 0 * NaN would reach the output.
+    first_seen = first * 0
     if CAUSAL:  # and the window (NO_WINDOW without one)
         hi = tl.minimum(hi, tl.max(tl.where(position >= 0, position, -1)) + 1)
-        window_lo = tl.maximum(0, tl.min(tl.where(position >= 0, position, n_keys)) - WINDOW + 1)
-        lo = tl.maximum(lo, window_lo // BLOCK_N * BLOCK_N)
+        first_seen = tl.maximum(0, tl.min(tl.where(position >= 0, position, n_keys)) - WINDOW + 1)
+        lo = tl.maximum(lo, first_seen // BLOCK_N * BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         in_range = j < hi
@@ -206,8 +209,8 @@ def _scope_loop(
             page = slot // block_size
             offset = slot % block_size
         else:
-            key_ok = in_range
-            page = tl.load(BT + b * stride_btb + j // block_size, mask=in_range, other=0)
+            key_ok = in_range & (j >= first_seen)
+            page = tl.load(BT + b * stride_btb + j // block_size, mask=key_ok, other=0)
             offset = j % block_size
         k = _load_keys(K, page, offset, kvh, cols_d, key_ok, stride_kb, stride_ks, stride_kh, D, block_size,
                        LAYOUT, EVEN_D)
@@ -343,8 +346,11 @@ def _sources_fwd(
 def _tiles(problem, device_type: str) -> dict:
     block_d = max(16, triton.next_power_of_2(problem.head_dim))
     block_dv = max(16, triton.next_power_of_2(problem.head_dim_v))
-    rows = problem.group if problem.source == "sparse" else problem.q_len * problem.group
     if device_type == "cpu":
+        # Not sized by the batch's longest request (a paged call's q_len): a request's rows would
+        # be tiled, and their dots summed by numpy, differently alone than in a batch, and the
+        # kernel promises batch invariance. A sparse program's rows are one row's heads.
+        rows = problem.group if problem.source == "sparse" else 64
         return dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(rows))), BLOCK_N=64, BLOCK_D=block_d,
                     BLOCK_DV=block_dv, num_warps=4, num_stages=1)
     # Whole head dims in registers: fmha.kernels.compile_check for sm_90 spilled 7 KB a

@@ -15,7 +15,7 @@ import sys
 from fmha.contract import DTYPE_NAMES
 from fmha.oracles.sample import Sample
 from fmha.regressions.mutation import Mutant
-from fmha.regressions.trap import Trap, check_case, laid_out_for
+from fmha.regressions.trap import Trap, check_case, fails_like, laid_out_for
 
 
 def _modules():
@@ -59,10 +59,12 @@ def load_directory(directory: str) -> list[str]:
     by `python -m fmha.regressions new ID --dir DIR`) to the library; return their ids."""
     if not os.path.isdir(directory):
         raise ValueError(f"--fmha-cases {directory}: expected a directory of trap modules, found none there")
+    paths = [p for p in sorted(glob.glob(os.path.join(directory, "*.py"))) if not os.path.basename(p).startswith("_")]
+    if not paths:
+        raise ValueError(f"--fmha-cases {directory}: expected trap modules (python -m fmha.regressions new ID --dir "
+                         f"{directory} writes one), found no .py file there")
     added = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.py"))):
-        if os.path.basename(path).startswith("_"):
-            continue
+    for path in paths:
         name = f"fmha_cases.{os.path.splitext(os.path.basename(path))[0]}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -99,7 +101,22 @@ def run_named_case(kernel, trap: Trap, case: Sample, device: str) -> tuple[str, 
         return "passed", ""
     relaid = "" if laid is case else f", re-laid for the kernel as {laid.id}"
     return "failed", (f"{kernel.name} fails named case {trap.id}/{case.id}{relaid} ({trap.origin}: {trap.symptom}; "
-                      f"known root cause: {trap.root_cause}):\n" + "\n".join(f"  - {f}" for f in failures))
+                      f"{_cause(kernel, trap, laid, device)}):\n" + "\n".join(f"  - {f}" for f in failures))
+
+
+def _cause(kernel, trap: Trap, case: Sample, device: str) -> str:
+    """The trap's root cause where the failure is its bug's: the kernel's output fails as the
+    trap's mutant's does. Where it fails otherwise, the trap's cause would point at the wrong fix."""
+    try:
+        same = fails_like(kernel, in_process_mutants(trap.id), case, device)
+    except Exception:  # noqa: BLE001 -- the kernel raised on the rerun: its own failure says so
+        same = None
+    if same is None:
+        return f"the trap's root cause, if it is the trap's bug (no mutant here to compare with): {trap.root_cause}"
+    if same:
+        return f"known root cause (it fails as the trap's mutant does): {trap.root_cause}"
+    return ("it fails otherwise than the trap's bug does (its output is not the trap's mutant's), so the trap's "
+            "root cause is not the likely one: see the measurements and likely causes below")
 
 
 def laid_out_cases(kernel, device: str) -> list[tuple[str, Sample]]:

@@ -1,0 +1,53 @@
+"""How many draws of the session carried each hazard of the table (fmha.oracles.hazards), at the
+end of a pytest session: counted from the bytes handed to kernels, on every xdist worker, added
+up on the controller. Where the session ran an agreement law (whose covering set draws every
+hazard a kernel allows), a hazard no draw carried is named: the run did not test it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from fmha.oracles.hazards import DRAWN, HAZARDS
+
+SESSION = pytest.StashKey[Counter]()
+COVERING_RAN = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    config.stash[SESSION] = Counter()
+    config.stash[COVERING_RAN] = []
+
+
+def _covering_tests() -> set[str]:
+    from fmha.properties.catalog import LAWS
+
+    return {law.test for law in LAWS.values() if law.covering == "family"}
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its counts go to the controller
+        workeroutput["fmha_hazards"] = dict(DRAWN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    node.config.stash[SESSION].update(getattr(node, "workeroutput", {}).get("fmha_hazards", {}))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workeroutput"):
+        return
+    counts = config.stash[SESSION] + DRAWN
+    if not counts:  # no draw of the contract in this session
+        return
+    drawn = ", ".join(f"{name} {counts[name]}" for name in HAZARDS if counts[name])
+    terminalreporter.write_line(f"fmha: hazards the draws carried: {drawn}")
+    covering = _covering_tests()
+    ran = any(report.nodeid.split("::")[-1].split("[")[0] in covering
+              for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []))
+    missing = [name for name, h in HAZARDS.items() if h.kind != "sequence" and not counts[name]]
+    if ran and missing:
+        terminalreporter.write_line(f"fmha: no draw carried {', '.join(missing)} (the kernels under test may opt out)")

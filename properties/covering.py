@@ -1,0 +1,216 @@
+"""The covering set: draws whose structure is fixed, so that every hazard of the table
+(fmha.oracles.hazards) is drawn for every source and dtype a kernel declares, on every run, not
+when the dice fall right. Their values (the tensors, the pages' order, which indices are -1)
+come from the run's seed; their structure (lengths, masks, layouts, hazards) never changes.
+
+Each agreement law runs the covering samples of its family first (`Law.setup`), then its random
+draws; a test (tests/test_hazards.py) fails if a hazard of the table is not carried by the set,
+for two seeds. Hazards that interact are listed in INTERACTING, and the set draws each pair in
+one sample.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fmha.contract import CACHE_LAYOUTS, Capabilities, Problem
+from fmha.oracles.hazards import HAZARDS, UNSAMPLED, hostile, present
+from fmha.oracles.sample import Sample
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Pairs of hazards whose interaction is a bug of its own, each drawn together in one sample.
+INTERACTING = (
+    ("invisible-keys", "shared-pages"),  # a shared page's keys: another request's window sees them
+    ("invisible-keys", "zero-query-requests"),  # every key of a request without rows is no row's
+    ("padded-pages", "every-code"),  # a padded quantized page's scales sit after its tokens
+    ("invalid-runs", "one-scope-empty"),  # a row that reads one scope not at all and a run of -1 in the other
+    ("exact-and-partial-pages", "wide-block-table"),  # the entry after a full last page is another row's
+    ("rows-without-keys", "odd-gqa-group"),  # a row tile of heads that sees nothing, split across KV heads
+    ("strided-queries", "zero-query-requests"),  # packed rows of a strided q, some requests with none
+)
+
+
+def _head_dim(caps: Capabilities, dtype) -> int | None:
+    dims = caps.head_dims_for(dtype)
+    if dims is None:
+        return 64
+    return min(dims, key=lambda d: abs(d - 64)) if dims else None
+
+
+def _sink(caps: Capabilities, dtype) -> bool:
+    """A sink in the bf16 (and quantized) samples, none in the others: rows without keys both ways."""
+    return ("sink" in caps.features and dtype in (torch.bfloat16, None)) or "sink" in caps.requires
+
+
+def _block_size(caps: Capabilities, prefer: int) -> int:
+    return prefer if caps.block_sizes is None or prefer in caps.block_sizes else min(caps.block_sizes)
+
+
+def _heads(caps: Capabilities, group: int, kv_heads: int) -> tuple[int, int]:
+    if caps.heads_q is None:
+        return kv_heads * group, kv_heads if "gqa" in caps.features else kv_heads * group
+    heads_q = min(caps.heads_q)
+    return heads_q, (1 if "gqa" in caps.features else heads_q)
+
+
+def _paged(caps, dtype, seed, ragged: bool, distribution: str = "normal") -> Sample | None:
+    head_dim = _head_dim(caps, dtype)
+    if head_dim is None:
+        return None
+    bs = _block_size(caps, 5 if not ragged else 16)
+    heads_q, heads_kv = _heads(caps, 3, 2)
+    rows = 3
+    empty = caps.empty_rows and not caps.q_len_at_most_kv_len
+    if ragged:
+        q_lens = (0, 1, rows, 0, 1, 0, 2) if caps.empty_query_requests else (1, 1, rows, 2, 1, 1, 2)
+        kv_lens = (bs, 2 * bs + 3, 2 if empty else rows, 2 * bs, bs + 1, 4, 0 if caps.empty_rows else 2)
+    else:
+        q_lens = None
+        # a full last page, a partial one (both over the shared first page, whose keys their rows
+        # see), rows before their first key, a long request whose first pages are left of every
+        # window, a request with no key
+        kv_lens = (2 * bs, 2 * bs + 1, 2 if empty else rows, 3 * bs + 1) + ((0,) if caps.empty_rows else ())
+    window = 5 if "window" in caps.features else None
+    problem = Problem(batch=len(kv_lens), q_len=rows, kv_len=max(kv_lens), heads_q=heads_q, heads_kv=heads_kv,
+                      head_dim=head_dim, dtype=dtype, causal="causal" in caps.features, window=window,
+                      sink=_sink(caps, dtype), source="paged", block_size=bs, ragged=ragged)
+    return Sample(problem=problem, seed=seed, kv_lens=kv_lens, q_lens=q_lens, shared_pages=True,
+                  distribution=distribution)
+
+
+def _quantized_paged(caps, layout, seed) -> Sample | None:
+    bs = _block_size(caps, 16)
+    heads_q, _ = _heads(caps, 3, 1)
+    rows = 2
+    empty = caps.empty_rows and not caps.q_len_at_most_kv_len
+    problem = Problem(batch=3, q_len=rows, kv_len=2 * bs + 3, heads_q=heads_q, heads_kv=1, head_dim=512,
+                      shared_kv=True, causal="causal" in caps.features, window=5 if "window" in caps.features else None,
+                      sink="sink" in caps.features, source="paged", block_size=bs, cache_layout=layout)
+    return Sample(problem=problem, seed=seed, kv_lens=(2 * bs, 2 * bs + 3, 1 if empty else bs + 1), shared_pages=True,
+                  outliers=True)
+
+
+def _sparse(caps, dtype, seed, layout=None, extra_layout=None, two_scopes=False, exponent=0,
+            distribution="normal", topk=192, few_keys=False) -> Sample | None:
+    """Index-sparse rows (K = V, one cache or two): a request that reads nothing, one that reads
+    some of its indices, runs of -1, repeats, the last slot. With `few_keys`: the rows that read
+    read all 4 keys, no sink: each key's decoding shows in its rows' logits and LSE."""
+    if few_keys:
+        topk = 4
+    head_dim = 512 if layout else _head_dim(caps, dtype)
+    if head_dim is None:
+        return None
+    topk = max(topk, caps.topk_multiple_of) if topk % caps.topk_multiple_of else topk
+    bs = _block_size(caps, 16)
+    heads_q, heads_kv = _heads(caps, 3, 2)
+    heads_kv = 1 if layout else heads_kv
+    extra = dict(extra_topk=max(64, caps.topk_multiple_of), extra_block_size=_block_size(caps, 5),
+                 extra_cache_layout=extra_layout) if two_scopes else {}
+    problem = Problem(batch=3 if two_scopes else 2, q_len=3, kv_len=topk, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                      dtype=torch.bfloat16 if layout else dtype, shared_kv=True,
+                      sink=_sink(caps, dtype) and not few_keys,
+                      source="sparse", block_size=bs, cache_layout=layout, **extra)
+    # A request that reads nothing (rows without keys), one that reads one scope alone, one that reads both.
+    short = max(topk - 5, 1)  # a request that reads some of its indices
+    lengths = dict(topk_lens=(0, short) if caps.empty_rows else (topk, short))
+    if few_keys:  # one request reads nothing, the other every key
+        lengths = dict(topk_lens=(0, topk)) if caps.empty_rows else {}
+    if two_scopes:
+        lengths = dict(topk_lens=(0 if caps.empty_rows else topk, short, topk),
+                       extra_topk_lens=(0, 0, problem.extra_topk))
+    return Sample(problem=problem, seed=seed, invalid=0.0 if few_keys else 0.1, repeats=0.25, last_slot=True,
+                  cache_exponent=exponent,
+                  outliers=bool(layout), distribution=distribution, **lengths)
+
+
+def _dense(caps, dtype, seed, distribution="normal", q_len=6, kv_len=65, window=9) -> Sample | None:
+    """Dense keys: a group of 3 over 6 causal rows (18: more than a 16-row tile), 65 keys (one
+    past a power of two), strided, sliced and strided q, k, v."""
+    head_dim = _head_dim(caps, dtype)
+    if head_dim is None:
+        return None
+    heads_q, heads_kv = _heads(caps, 3, 2)
+    problem = Problem(batch=2, q_len=q_len, kv_len=kv_len, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
+                      causal="causal" in caps.features, window=window if "window" in caps.features else None,
+                      sink=_sink(caps, dtype))
+    return Sample(problem=problem, seed=seed, distribution=distribution, q_storage="strided", k_storage="sliced",
+                  v_storage="strided")
+
+
+def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
+    """Every covering sample for a kernel of `caps` (before the kernel's own limits are asked)."""
+    found = []
+    if "dense" in caps.sources:
+        found += [_dense(caps, dtype, seed) for dtype in DTYPES]
+        found += [_dense(caps, torch.bfloat16, seed, distribution) for distribution in ("large_logits", "negative_logits")]
+        found += [_dense(caps, torch.float16, seed, "large_v", q_len=1, kv_len=2048, window=None),  # sums past 65504
+                  _dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300)]  # a window past 256 keys
+    if "paged" in caps.sources:
+        found += [_paged(caps, dtype, seed, ragged=False) for dtype in DTYPES]
+        found += [_paged(caps, torch.bfloat16, seed, ragged=False, distribution=d) for d in ("large_logits",
+                                                                                             "negative_logits")]
+        if "ragged" in caps.sources:
+            found += [_paged(caps, dtype, seed, ragged=True) for dtype in DTYPES]
+        if "shared_kv" in caps.features:
+            found += [_quantized_paged(caps, layout, seed) for layout in CACHE_LAYOUTS]
+    if "sparse" in caps.sources:
+        found += [_sparse(caps, dtype, seed) for dtype in DTYPES]
+        found += [_sparse(caps, torch.bfloat16, seed, distribution="negative_logits")]
+        found += [_sparse(caps, None, seed, layout) for layout in CACHE_LAYOUTS]
+        # scales at either end, a few keys a row: each key's decoding shows in the rows' logits
+        found += [_sparse(caps, None, seed, "dsv4-fp8", exponent=e, few_keys=True) for e in (-96, 96)]
+        if "two_scopes" in caps.sources:
+            found += [_sparse(caps, torch.bfloat16, seed, two_scopes=True),
+                      _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True)]
+    return [hostile(s, caps) for s in found if s is not None]
+
+
+def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
+    """The samples the laws of calls in sequence run first (their three calls each cost more than
+    a family's whole set would): a window past 256 keys, fp16 sums past 65504, a ragged batch
+    of requests without rows, without keys and with more rows than keys."""
+    found = []
+    if "dense" in caps.sources:
+        found += [_dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300),
+                  _dense(caps, torch.float16, seed, "large_v", q_len=1, kv_len=2048, window=None)]
+    if {"paged", "ragged"} <= caps.sources:
+        found.append(_paged(caps, torch.bfloat16, seed, ragged=True))
+    return [hostile(s, caps) for s in found if s is not None]
+
+
+def covering_samples(kernel, device: str, seed: int = 0) -> list[Sample]:
+    """The covering samples `kernel` runs on `device`: the skeletons inside its limits."""
+    caps = kernel.capabilities_on(device)
+    return [s for s in skeletons(caps, seed) if not kernel.not_supported_reasons(s.problem, device)]
+
+
+def for_law(law, kernel, device: str, seed: int = 0) -> list[Sample]:
+    """What a law runs before its draws: an agreement law its family's covering samples, a law of
+    calls in sequence the sequence samples of its draws (`Law.covering`)."""
+    if law.covering == "family":
+        return [s for s in covering_samples(kernel, device, seed) if fits(law, s)]
+    caps = kernel.capabilities_on(device)
+    return [s for s in sequences(caps, seed) if not kernel.not_supported_reasons(s.problem, device)
+            and (s.problem.source == "dense") == (law.draws == "dense")]
+
+
+def fits(law, sample: Sample) -> bool:
+    """Whether `sample` belongs to an agreement law's family of calls: one law each, the most
+    specific (two scopes', then a quantized cache its layout's, then ragged queries')."""
+    p = sample.problem
+    if p.source not in law.sources:
+        return False
+    if p.extra_topk is not None:
+        return set(law.needs) == {"two_scopes"}
+    if p.cache_layout:
+        return set(law.needs) == {p.cache_layout}
+    return set(law.needs) == ({"ragged"} if p.ragged else set())
+
+
+def uncovered(samples: list[Sample]) -> list[str]:
+    """Hazards (but those laid by calls, fmha.oracles.hazards.UNSAMPLED) no sample of `samples` carries in its bytes, and interacting pairs
+    no sample carries together."""
+    carried = [set(present(s.inputs())) for s in samples]
+    missing = [name for name, h in HAZARDS.items() if h.kind not in UNSAMPLED and not any(name in c for c in carried)]
+    missing += [f"{a} with {b}" for a, b in INTERACTING if not any({a, b} <= c for c in carried)]
+    return missing
