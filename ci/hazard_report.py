@@ -12,12 +12,17 @@ import pytest
 from fmha.oracles.hazards import DRAWN, HAZARDS
 
 SESSION = pytest.StashKey[Counter]()
-COVERING_RAN = pytest.StashKey[list]()
+BEFORE = pytest.StashKey[Counter]()
 
 
 def pytest_configure(config):
     config.stash[SESSION] = Counter()
-    config.stash[COVERING_RAN] = []
+    # A session run in-process inside another (pytester) counts only its own draws.
+    config.stash[BEFORE] = Counter(DRAWN)
+
+
+def _drawn_here(config) -> Counter:
+    return Counter(DRAWN) - config.stash[BEFORE]
 
 
 def _covering_tests() -> set[str]:
@@ -29,7 +34,7 @@ def _covering_tests() -> set[str]:
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: its counts go to the controller
-        workeroutput["fmha_hazards"] = dict(DRAWN)
+        workeroutput["fmha_hazards"] = dict(_drawn_here(session.config))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -40,7 +45,7 @@ def pytest_testnodedown(node, error):
 def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workeroutput"):
         return
-    counts = config.stash[SESSION] + DRAWN
+    counts = config.stash[SESSION] + _drawn_here(config)
     if not counts:  # no draw of the contract in this session
         return
     drawn = ", ".join(f"{name} {counts[name]}" for name in HAZARDS if counts[name])
