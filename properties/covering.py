@@ -161,7 +161,9 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
         found += [_sparse(caps, None, seed, "dsv4-fp8", exponent=e, few_keys=True) for e in (-96, 96)]
         if "two_scopes" in caps.sources:
             found += [_sparse(caps, torch.bfloat16, seed, two_scopes=True),
-                      _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True)]
+                      _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True),
+                      # a few keys a row at scales toward the top: each code's decoding shows in the LSE
+                      _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True, exponent=96, few_keys=True)]
     return [hostile(s, caps) for s in found if s is not None]
 
 
