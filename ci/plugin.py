@@ -8,6 +8,7 @@ environment, from any directory:
     pytest --fmha-merge torch-merge --fmha-merge my_pkg.merge:merge
     pytest --fmha-device cpu                                        # default: cuda if present
     pytest --fmha-known-failures my_known_failures.toml             # your kernels' ledger
+    pytest --fmha-seed 1234                                         # the values of run 1234 again
 
 A test of fmha's suite (or one marked `fmha_suite`) takes the `kernel` (or `merge_kernel`)
 argument to run once per selected kernel. When
@@ -15,18 +16,24 @@ it is also parametrized with a `problem` or a `sample`, a combination the kernel
 support becomes a skip whose message is the kernel's own reason, and so does a
 NotSupportedError the kernel raises when called; `@pytest.mark.fmha_needs("lse")` adds
 per-call needs to that check. A failing test with a kernel prints the command that reruns it.
+
+Every run draws new values for the same cases: its seed (`--fmha-seed`, else a fresh one) is
+in the header and in every rerun command, and each test draws under the seed mixed with the
+name of its kernel (fmha.oracles.run_seed).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
 
 from fmha.ci import progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
-from fmha.properties.run_settings import DEVICE, KERNEL_SPECS, register_profiles, reproduce_command
+from fmha.oracles import run_seed
+from fmha.properties.run_settings import DEVICE, KERNEL_SPECS, RUN_SEED, register_profiles, reproduce_command
 from fmha.regressions import selection
 
 register_profiles()
@@ -65,6 +72,10 @@ def pytest_addoption(parser):
     group.addoption("--fmha-cases", action="append", default=[], metavar="DIR",
                     help="a directory of your own named cases (python -m fmha.regressions new ID --dir DIR), "
                          "run with fmha's (repeatable)")
+    group.addoption("--fmha-seed", type=int, default=None, metavar="N",
+                    help="the run's seed, which every sample's values are drawn from (default: $FMHA_SEED, else a "
+                         "fresh one, printed in the header and in every rerun command); 0 draws the values of runs "
+                         "before seeds")
     group.addoption("--fmha-nightly", action="store_true", help="also run tests marked nightly")
     group.addoption("--fmha-slow", action="store_true", help="on the CPU, also run tests marked slow")
     group.addoption("--fmha-progress", type=float, default=None, metavar="SECONDS",
@@ -88,6 +99,12 @@ def pytest_configure(config):
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
     workerinput = getattr(config, "workerinput", None)
+    seed = config.getoption("--fmha-seed")
+    if seed is None:  # a session started by a test of this one (pytester) draws at its seed
+        seed = int(os.environ.get(run_seed.ENVIRONMENT) or run_seed.fresh())
+    config.stash[RUN_SEED] = (workerinput or {}).get("fmha_seed", seed)
+    run_seed.use(config.stash[RUN_SEED])
+    os.environ[run_seed.ENVIRONMENT] = str(config.stash[RUN_SEED])
     if workerinput is not None:
         # xdist starts one worker per core and torch one thread per core in each: 16 x 16
         # threads on 16 cores slowed every CPU-bound test (compiles, oracles) on a GPU runner.
@@ -137,11 +154,12 @@ def _selection(config) -> tuple[list[KernelEntry], list]:
 
 
 def pytest_report_header(config):
+    seed = f"seed {config.stash[RUN_SEED]} (--fmha-seed {config.stash[RUN_SEED]} draws these values again)"
     if not (config.getoption("--fmha-kernel") or config.getoption("--fmha-merge")):
-        return f"fmha: device {config.stash[DEVICE]}"
+        return f"fmha: device {config.stash[DEVICE]}; {seed}"
     kernels, merges = _selection(config)
     return (f"fmha: device {config.stash[DEVICE]}; kernels {', '.join(k.name for k in kernels)}; "
-            f"merges {', '.join(m.name for m in merges)}")
+            f"merges {', '.join(m.name for m in merges)}; {seed}")
 
 
 def _in_suite(metafunc) -> bool:
@@ -202,6 +220,7 @@ def pytest_configure_node(node):
     own `--dist` reads "no")."""
     node.workerinput["fmha_dist"] = node.config.getoption("dist")
     node.workerinput["fmha_maxschedchunk"] = node.config.getoption("maxschedchunk")
+    node.workerinput["fmha_seed"] = node.config.stash[RUN_SEED]  # one run, one seed, on every worker
 
 
 def pytest_collection_modifyitems(config, items):
@@ -230,7 +249,7 @@ def pytest_collection_modifyitems(config, items):
             continue
         record = known_failure(config.stash[KNOWN_FAILURES], kernel.name, item.originalname, device, item.callspec.id)
         if record:
-            item.add_marker(pytest.mark.xfail(strict=True, run=not record.quarantine,
+            item.add_marker(pytest.mark.xfail(strict=record.seeds == "every", run=not record.quarantine,
                                               reason=f"known failure ({record.issue}): {record.reason}"
                                               + (" [quarantined: not launched]" if record.quarantine else "")))
         problem = params.get("problem") or getattr(params.get("sample"), "problem", None)
@@ -241,6 +260,33 @@ def pytest_collection_modifyitems(config, items):
         if reasons:
             item.add_marker(pytest.mark.skip(reason=f"{kernel.name}: {'; '.join(reasons)}"))
     items[:] = starts_first_order(items, config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The test draws under the run's seed mixed with its kernel's name: two kernels of one run
+    never see the same bytes."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    under_test = params.get("kernel", params.get("merge_kernel"))
+    seed = item.config.stash[RUN_SEED]
+    run_seed.use(seed if under_test is None else run_seed.for_kernel(seed, getattr(under_test, "name", under_test)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """An output a kernel returned in this test that changed after it was judged fails the test
+    (fmha.oracles.guard keeps their bytes)."""
+    guard = sys.modules.get("fmha.oracles.guard")
+    try:
+        result = yield
+    except BaseException:
+        if guard is not None:
+            guard.end_of_test()
+        raise
+    changed = guard.end_of_test() if guard is not None else []
+    if changed:
+        raise AssertionError("the judge refuses this test's calls: " + "; ".join(changed))
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

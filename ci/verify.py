@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, Phase, settings
 from tqdm import tqdm
 
 from fmha.ci import progress
+from fmha.oracles import run_seed
 from fmha.regressions.selection import command_line, parse, selected_kernels
 from fmha.ci.gpu_runner import cuda_context_error
 from fmha.ci.run_record import RunRecord, raised, signature
@@ -70,6 +71,8 @@ def _against_ledger(result: RunRecord, known, device: str, test: str) -> RunReco
     if record is None or result.outcome == "skipped":
         return result
     if result.outcome == "passed":
+        if record.seeds == "some":  # a failure only some values show: this run's did not
+            return result.replace(message=f"passes at this seed; recorded as failing at some ({record.issue})")
         return result.replace(outcome="fixed", message=f"passes, but is recorded as a known failure ({record.issue}): "
                                                        "remove the record",
                               signature="passes though recorded as a known failure")
@@ -111,13 +114,13 @@ def agreement(kernel, sample, device: str, worst=None) -> RunRecord:
                      signature(shared))
 
 
-def _rest_in_a_fresh_process(argv, start_at: int) -> list[RunRecord]:
-    """Work items `start_at` onward, run by a fresh `verify` process (which does the same
-    if another item poisons its context): a kernel fault costs its case, not the run."""
+def _rest_in_a_fresh_process(argv, start_at: int, seed: int) -> list[RunRecord]:
+    """Work items `start_at` onward, run by a fresh `verify` process at the same seed (which
+    does the same if another item poisons its context): a kernel fault costs its case, not the run."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rest.json")
         command = [sys.executable, "-m", "fmha.ci.verify", *(sys.argv[1:] if argv is None else argv),
-                   "--start-at", str(start_at), "--json", path]
+                   "--fmha-seed", str(seed), "--start-at", str(start_at), "--json", path]
         subprocess.run(command, stdout=subprocess.DEVNULL, check=False)
         if not os.path.exists(path):
             return [RunRecord("verify", "run", f"items {start_at}+", "", "raised",
@@ -217,7 +220,7 @@ def reruns(results: list[RunRecord], args) -> str:
     bad = [r for r in results if r.bad]
     if not bad:
         return ""
-    common = [f"--fmha-device {args.fmha_device}"]
+    common = [f"--fmha-device {args.fmha_device}", f"--fmha-seed {args.fmha_seed}"]
     common += [f"--seeds {args.seeds}"] if args.seeds != 1 else []
     common += [f"--law-examples {args.law_examples}"] if args.law_examples != 3 else []
     common += [f"--fmha-known-failures {shlex.quote(args.fmha_known_failures)}"] if args.fmha_known_failures else []
@@ -256,6 +259,9 @@ def calibration(worst: dict) -> str:
 def main(argv=None) -> int:
     parser = command_line(__doc__)
     parser.add_argument("--seeds", type=int, default=1, help="seeds per agreement case (default 1)")
+    parser.add_argument("--fmha-seed", type=int, default=None, metavar="N",
+                        help="the run's seed, which every sample's values are drawn from (default: $FMHA_SEED, else "
+                             "a fresh one, printed in the report and in every rerun command)")
     parser.add_argument("--law-examples", type=int, default=3, help="draws per law; 0 skips the laws (default 3)")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--fmha-known-failures", metavar="FILE", help="a TOML file of your kernels' known failures")
@@ -266,6 +272,8 @@ def main(argv=None) -> int:
     args = parse(parser, argv)
     kernels = selected_kernels(parser, args)
     device = args.fmha_device
+    if args.fmha_seed is None:
+        args.fmha_seed = int(os.environ.get(run_seed.ENVIRONMENT) or run_seed.fresh())
     try:
         known = ledger.LEDGER + (ledger.load_known_failures(args.fmha_known_failures) if args.fmha_known_failures else ())
     except ValueError as e:
@@ -287,7 +295,7 @@ def main(argv=None) -> int:
     worst = defaultdict(lambda: {c: (-math.inf, "") for c in WORST}) if args.calibrate else None
     # (what, the pytest test a ledger record names, the step): one flat list, so that a fresh
     # process can take over from any item
-    work = [(f"{kernel.name} {what}", test, step) for kernel in kernels for what, test, step in (
+    work = [(kernel.name, f"{kernel.name} {what}", test, step) for kernel in kernels for what, test, step in (
         *((s.id, "test_kernel_matches_oracle", functools.partial(agreement, kernel, s, worst=worst)) for s in cases),
         *((f"{trap.id}/{case.id}", "test_named_regression_case", functools.partial(named_case, kernel, trap, case))
           for trap, case in named),
@@ -304,20 +312,22 @@ def main(argv=None) -> int:
           progress.Ticker(0 if sys.stderr.isatty() else progress.EVERY_S, line,
                           lambda text: print(text, file=sys.stderr, flush=True))):
         for index in range(args.start_at, len(work)):
-            now[0], test, step = work[index]
+            kernel_name, now[0], test, step = work[index]
             bar.set_postfix_str(now[0][:60])
+            run_seed.use(run_seed.for_kernel(args.fmha_seed, kernel_name))  # as the pytest plugin draws
             result = step(device)
             results.append(_against_ledger(result, known, device, test))
             bar.update()
             poisoned = device == "cuda" and result.outcome == "raised" and cuda_context_error()
             if poisoned:  # the CUDA context is gone: the rest runs in a fresh process
                 results[-1].message += f" (it left the CUDA context unusable: {poisoned}; the rest ran in a fresh process)"
-                results += _rest_in_a_fresh_process(argv, index + 1)
+                results += _rest_in_a_fresh_process(argv, index + 1, args.fmha_seed)
                 break
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     header = (f"# fmha verify, {datetime.date.today()}, {device_name}, torch {torch.__version__}\n\n"
-              + what_ran(results, law_examples=args.law_examples) + (f" Only {', '.join(args.only)}." if args.only else ""))
+              + what_ran(results, law_examples=args.law_examples) + (f" Only {', '.join(args.only)}." if args.only else "")
+              + f" Values drawn at seed {args.fmha_seed} (--fmha-seed {args.fmha_seed} draws them again).")
     print(calibration(worst) if args.calibrate else report(results, header) + reruns(results, args))
     if args.json:
         with open(args.json, "w") as f:

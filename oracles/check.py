@@ -4,7 +4,7 @@ kernel (fmha.oracles.kernel_call), one oracle pass, one verdict with its likely 
 from __future__ import annotations
 
 from fmha.contract import KernelEntry
-from fmha.oracles.diagnose import explain, nondeterminism
+from fmha.oracles.diagnose import explain, nondeterminism, rerun_hints
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.kernel_call import Run, run_kernel
 from fmha.oracles.metrics import measure
@@ -42,9 +42,11 @@ def judge_run(run: Run, oracle: Oracle | None = None, kernel: KernelEntry | None
                       logit_magnitude=oracle.logit_magnitude, underflow=oracle.underflow)
     verdict = judge(metrics, tolerance)
     if not verdict.passed:
-        passes = None if kernel is None else lambda inputs: judge_run(run_kernel(kernel, inputs)).passed
-        verdict.hints += (nondeterminism(kernel, run) if kernel is not None else []) or explain(run, oracle, verdict,
-                                                                                                passes)
+        hints = explain(run, oracle, verdict)  # first: reruns of the kernel empty the oracle's answers
+        if kernel is not None:
+            passes = lambda inputs: judge_run(run_kernel(kernel, inputs)).passed  # noqa: E731
+            hints = nondeterminism(kernel, run) or hints + rerun_hints(passes, run, verdict)
+        verdict.hints += hints
     return verdict
 
 

@@ -117,9 +117,9 @@ def _rel_l2(o: torch.Tensor, ref: torch.Tensor) -> float:
     return float((o - ref).norm()) / max(float(ref.norm()), 1e-300)
 
 
-def explain(run: Run, oracle: Oracle, verdict: Verdict, passes: Callable[[Inputs], bool] | None = None) -> list[str]:
-    """Likely causes of the failing `verdict` on `run`, each with its evidence; `passes(inputs)`
-    reruns the kernel on simpler inputs and says whether it passes there."""
+def explain(run: Run, oracle: Oracle, verdict: Verdict) -> list[str]:
+    """Likely causes of the failing `verdict` on `run`, each with its evidence, from the oracle
+    (before any rerun of the kernel: the guard empties the oracle's answers before each call)."""
     x, floor = run.inputs, verdict.metrics.floor
     if x.problem.source == "paged":
         return _wrong_requests(run, oracle, floor)
@@ -141,10 +141,13 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict, passes: Callable[[Inputs
                 if expected > 2 * floor and expected / 3 <= error <= 16 * expected:
                     hints.append(f"error matches {description}: rel-L2 {error:.3g}; that precision alone gives "
                                  f"{expected:.3g}, the {DTYPE_NAMES[x.problem.dtype]} floor is {floor:.3g}")
-    hints += _lse_conventions(run, oracle)
-    if passes is not None and not verdict.metrics.unwritten:
-        hints += _reruns(passes, run)
-    return hints
+    return hints + _lse_conventions(run, oracle)
+
+
+def rerun_hints(passes: Callable[[Inputs], bool], run: Run, verdict: Verdict) -> list[str]:
+    """Simpler versions of the failing call on which the kernel passes (`passes(inputs)` reruns
+    it and judges): what it mishandles."""
+    return [] if verdict.metrics.unwritten else _reruns(passes, run)
 
 
 def nondeterminism(kernel: KernelEntry, run: Run) -> list[str]:

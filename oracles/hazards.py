@@ -479,6 +479,7 @@ def present(inputs: Inputs) -> tuple[str, ...]:
 # Hazard -> how many inputs made in this process carried it (Sample.inputs counts them; the pytest
 # plugin reports the session's, fmha.ci.hazard_report).
 DRAWN: Counter = Counter()
+__judge_state__ = ("DRAWN",)  # fmha.oracles.guard: not a part of what judges
 
 
 def tally(inputs: Inputs) -> None:

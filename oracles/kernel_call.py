@@ -15,6 +15,7 @@ import torch
 
 from fmha.contract import KernelEntry
 from fmha.contract.paged_validation import output_shape
+from fmha.oracles import guard  # noqa: F401 -- from here on every call of an entry is guarded
 from fmha.oracles.hazards import DRAWN
 from fmha.oracles.inputs import Inputs
 

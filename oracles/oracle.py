@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from fmha.contract.slots import request_slots
+from fmha.oracles.guard import answer
 from fmha.oracles.quantization import LAYOUTS, dequantize, pages_of
 from fmha.oracles.reference import NEG_INF, softmax_with_sink, visibility_mask
 
@@ -51,6 +52,9 @@ class Oracle:
     # where they fall below fp32's smallest normal and flush to zero (an H200 kernel, a sink
     # taking all but 2^-130 of a row's weight: rows of outputs near 2^-125 off by 55 units).
     underflow: torch.Tensor
+
+    def __post_init__(self):
+        answer(self.o, self.lse, self.o_abs, self.logit_magnitude, self.underflow)
 
 
 def _slots(cache: torch.Tensor) -> torch.Tensor:
@@ -173,7 +177,7 @@ def attention(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch
     results = [attend(q_b, *_gather(sources, b, q_b, causal, window), scale, sink)
                for b, q_b in enumerate(_requests(q, cu_seqlens_q))]
     ragged = cu_seqlens_q is not None
-    return _stack([o for o, _ in results], ragged, 0), _stack([lse for _, lse in results], ragged, 1)
+    return answer(_stack([o for o, _ in results], ragged, 0), _stack([lse for _, lse in results], ragged, 1))
 
 
 def oracle_over(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,

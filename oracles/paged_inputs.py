@@ -146,7 +146,7 @@ def _strided_heads(q: torch.Tensor, fill: float) -> torch.Tensor:
 def _coder(sample: Sample):
     """Where a quantized cache takes every code of its format (the `every-code` hazard): a
     generator of positions of the sample's own, or None."""
-    return torch.Generator().manual_seed(sample.seed * 8 + 5) if "every-code" in sample.hazards else None
+    return torch.Generator().manual_seed(sample.values_seed * 8 + 5) if "every-code" in sample.hazards else None
 
 
 def _read(table, kv_lens, block_size) -> torch.Tensor:
@@ -251,7 +251,7 @@ def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int):
     """Which of its request's keys each query row reads, in which order (B, T, topk), which of
     its entries are -1, and which repeat another entry of the row (the mask and the entry):
     from a generator of the scope's own, so the same in any block size."""
-    rows = torch.Generator().manual_seed(sample.seed * 8 + scope)
+    rows = torch.Generator().manual_seed(sample.values_seed * 8 + scope)
     order = torch.stack([torch.stack([torch.randperm(topk, generator=rows) for _ in range(T)]) for _ in range(B)]
                         ) if B and T else torch.zeros(B, T, topk, dtype=torch.long)
     shape = (B, T, topk)

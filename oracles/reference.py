@@ -10,6 +10,8 @@ from typing import Sequence
 
 import torch
 
+from fmha.oracles.guard import answer
+
 NEG_INF = float("-inf")
 
 
@@ -60,7 +62,7 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None):
     group = q.shape[2] // v.shape[2]
     v = v.double().repeat_interleave(group, dim=2)
     o = torch.einsum("bhts,bshd->bthd", weights, v)
-    return o, lse
+    return answer(o, lse)
 
 
 def ksplit_attention(q, k, v, *, splits: int, scale=None, causal=False, window=None, sink=None):
@@ -77,7 +79,7 @@ def ksplit_attention(q, k, v, *, splits: int, scale=None, causal=False, window=N
     visible = visibility_mask(q.shape[1], k.shape[1], causal, window, device=q.device)
     weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF), sink)
     v = v.double().repeat_interleave(q.shape[2] // v.shape[2], dim=2)
-    return torch.einsum("bhts,bshd->bthd", weights, v), lse
+    return answer(torch.einsum("bhts,bshd->bthd", weights, v), lse)
 
 
 def merge(parts: Sequence[tuple[torch.Tensor, torch.Tensor]], sink=None):
@@ -97,5 +99,5 @@ def merge(parts: Sequence[tuple[torch.Tensor, torch.Tensor]], sink=None):
     for o_i, lse_i in parts:
         weight = torch.exp(lse_i.double() - safe_total).transpose(1, 2)[..., None]  # (B, T, H, 1)
         o = o + weight * o_i.double()
-    return o, total
+    return answer(o, total)
 

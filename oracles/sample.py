@@ -3,8 +3,9 @@
 A `Sample` is a problem plus the scale, the input distribution, the seed and the storage of
 each of q, k and v. It is plain data (frozen, hashable, printed as a line to paste into
 `@example(sample=...)` or a trap), and `sample.inputs(device)` makes its tensors, the same
-bits on every machine: values are drawn in float32 from one seeded CPU generator, shaped by
-the distribution, cast to the problem's dtype and laid out in the sample's storage.
+bits on every machine: values are drawn in float32 from one CPU generator, seeded by the sample's
+seed and the run's (fmha.oracles.run_seed: new values on every run, the same structure), shaped
+by the distribution, cast to the problem's dtype and laid out in the sample's storage.
 
 Storages (each of q, k, v on its own; with K is V, v is k):
 - contiguous: a dense tensor;
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fmha.oracles import paged_inputs
+from fmha.oracles import paged_inputs, run_seed
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.hazards import HAZARDS, applicable, invisible_keys, present, tally
 from fmha.oracles.inputs import Inputs
@@ -57,6 +58,9 @@ class Sample:
     # names every one that applies.
     hazards: tuple[str, ...] = ()
     name: str = field(default="", compare=False)  # what about this sample matters (trap cases)
+    # The run seed its values are drawn under (fmha.oracles.run_seed); None: the current run's. A
+    # failure pins it (`pinned`), so the pin gives the same bytes in any run.
+    run_seed: int | None = None
 
     def __post_init__(self):
         if self.distribution not in DISTRIBUTIONS:
@@ -125,6 +129,15 @@ class Sample:
             parts.append("hazards:" + "+".join(self.hazards))
         return "-".join(parts)
 
+    @property
+    def values_seed(self) -> int:
+        """The seed of every generator its values come from."""
+        return run_seed.values_seed(self.seed, run_seed.current() if self.run_seed is None else self.run_seed)
+
+    def pinned(self) -> Sample:
+        """This sample with the current run's seed written in: the same bytes in any run."""
+        return self if self.run_seed is not None else dataclasses.replace(self, run_seed=run_seed.current())
+
     def hazards_carried(self, device="cpu") -> tuple[str, ...]:
         """The hazards of the table the sample's inputs carry (counted from their bytes)."""
         return present(self.inputs(device))
@@ -150,7 +163,7 @@ class Sample:
         """The sample's tensors on `device`; `tail_fill` is what sliced and strided storage
         hides outside the view, and what fills every cache slot no key occupies."""
         p = self.problem
-        g = torch.Generator().manual_seed(self.seed)
+        g = torch.Generator().manual_seed(self.values_seed)
         q, k, v, sink = self.draw(g)
         if p.source != "dense":
             made = paged_inputs.inputs(self, g, q, k, v, None if sink is None else sink.to(device), device, tail_fill)

@@ -9,7 +9,9 @@ direction: cosine alone is blind to a kernel that divides by the row sum twice.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
@@ -27,11 +29,11 @@ class Tolerance:
 
 
 # Calibration: oracles/CALIBRATION.md (measured with `python -m fmha.ci.verify --calibrate`).
-TOLERANCES: dict[torch.dtype, Tolerance] = {
+TOLERANCES: Mapping[torch.dtype, Tolerance] = MappingProxyType({
     torch.bfloat16: Tolerance(min_cos=0.99999, max_error_ratio=3.0, max_worst_row_err=8, max_ulp=8, max_lse_err=2e-4),
     torch.float16: Tolerance(min_cos=0.9999998, max_error_ratio=3.0, max_worst_row_err=8, max_ulp=8, max_lse_err=2e-4),
     torch.float32: Tolerance(min_cos=0.999999999, max_error_ratio=64.0, max_worst_row_err=64, max_ulp=64, max_lse_err=5e-5),
-}
+})  # read-only: a kernel under test must not loosen it (fmha.oracles.guard checks it besides)
 
 
 @dataclass

@@ -79,7 +79,7 @@ def key_permutation_invariant(kernel, sample: Sample, device):
     sample = variant(kernel, sample, device, causal=False, window=None)
     p = sample.problem
     x = sample.inputs(device)
-    perm = torch.randperm(p.kv_len, generator=torch.Generator().manual_seed(sample.seed)).to(device)
+    perm = torch.randperm(p.kv_len, generator=torch.Generator().manual_seed(sample.values_seed)).to(device)
     k = x.k[:, perm]
     v = k if p.shared_kv else x.v[:, perm]
     o, lse = _call(kernel, x, k=k, v=v)

@@ -224,8 +224,8 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
 
     @given(sample=strategy)
     def check(sample):
-        note(f"reproduce: {reproduce}\npin it: @example(sample={sample!r})" if reproduce
-             else f"pin it: @example(sample={sample!r})")
+        note(f"reproduce: {reproduce}\npin it: @example(sample={sample.pinned()!r})" if reproduce
+             else f"pin it: @example(sample={sample.pinned()!r})")
         try:
             law(*operands, sample, device)
         except NotSupportedError as e:
@@ -313,7 +313,7 @@ def _still_fails(law, operands, sample: Sample, device: str) -> bool:
 def hazards_note(law, operands, sample: Sample, device: str, reproduce: str = "") -> str:
     """What a failing hostile draw needs, for the failure's message."""
     needed, smallest, untried = hazards_needed(law, operands, sample, device)
-    pin = f"pin it without the others: @example(sample={smallest!r})"
+    pin = f"pin it without the others: @example(sample={smallest.pinned()!r})"
     rerun = f"\nreproduce: {reproduce}" if reproduce else ""
     left = f" (not tried, out of reruns: {', '.join(untried)})" if untried else ""
     if not needed:

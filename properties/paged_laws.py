@@ -55,7 +55,7 @@ def pages_permuted_change_nothing(kernel, sample: Sample, device):
     places) changes nothing: the same keys are read."""
     p = sample.problem
     x = sample.inputs(device)
-    g = torch.Generator().manual_seed(sample.seed + 1)
+    g = torch.Generator().manual_seed(sample.values_seed + 1)
     perm = torch.randperm(x.k.shape[0], generator=g).to(device)  # old page i goes to perm[i]
     inverse = torch.argsort(perm)
     changes = dict(k=_reordered(x.k, inverse))
@@ -199,7 +199,7 @@ def index_order_changes_nothing(kernel, sample: Sample, device):
     """Each row's indices (the first topk_len of them) in another order: the same keys."""
     assume(sample.problem.source == "sparse")
     x = sample.inputs(device)
-    g = torch.Generator().manual_seed(sample.seed + 2)
+    g = torch.Generator().manual_seed(sample.values_seed + 2)
     shuffled = {}
     for name, lengths in (("indices", "topk_len"), ("extra_indices", "extra_topk_len")):
         indices = x.source_args.get(name)

@@ -50,13 +50,17 @@ def _lengths(draw, batch: int, upper: int, at_least_one: bool = False):
 def _query_lengths(draw, batch: int, upper: int, caps: Capabilities):
     """A ragged batch's query rows per request: decodes (1), prefills (up to `upper`) and,
     where the kernel takes them, requests with none, anywhere in the batch (first, between
-    decodes, last: a launch that drops them shifts the requests after them)."""
-    if draw(st.integers(0, 2)) == 0:
+    decodes, last: a launch that drops them shifts the requests after them); where the kernel
+    takes them, every draw has one with a request after it."""
+    hostile = caps.empty_query_requests and batch > 1
+    if not hostile and draw(st.integers(0, 2)) == 0:
         return None
     choices = [st.just(1), st.just(upper), st.integers(1, max(upper, 1))]
     if caps.empty_query_requests:
         choices.insert(0, st.just(0))
     lengths = draw(st.lists(st.one_of(*choices), min_size=batch, max_size=batch))
+    if hostile:
+        lengths[draw(st.integers(0, batch - 2))] = 0
     if not any(lengths):
         lengths[-1] = upper
     return tuple(min(n, upper) for n in lengths)

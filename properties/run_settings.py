@@ -14,6 +14,7 @@ import shlex
 import pytest
 
 DEVICE = pytest.StashKey[str]()  # the session's device: --fmha-device, else cuda when present
+RUN_SEED = pytest.StashKey[int]()  # the run's seed: --fmha-seed, else a fresh one (fmha.oracles.run_seed)
 
 # A kernel's --fmha-kernel spec as this session was given it, by the kernel's name (a mutant
 # or a registry entry reached by import path is named otherwise).
@@ -69,6 +70,7 @@ def reproduce_command(item) -> str:
         args += ["--fmha-kernel", config.stash.get(KERNEL_SPECS, {}).get(name, name)]
     if "merge_kernel" in params:
         args += ["--fmha-merge", params["merge_kernel"].name]
+    args += ["--fmha-seed", str(config.stash[RUN_SEED])]
     for option in _RERUN_OPTIONS:
         value = config.getoption(option, None) if option != "--fmha-device" else config.stash[DEVICE]
         if value:

@@ -13,4 +13,4 @@ SAMPLES = [s.replace(distribution=d) for s in with_dtypes(FEATURE_CASES) for d i
 @pytest.mark.parametrize("sample", problem_params(SAMPLES))
 def test_kernel_matches_oracle(kernel, sample, device):
     verdict = check_sample(kernel, sample, device)
-    assert verdict.passed, f"{verdict.message(f'{kernel.name} {sample.id}')}\npin it: {sample!r}"
+    assert verdict.passed, f"{verdict.message(f'{kernel.name} {sample.id}')}\npin it: {sample.pinned()!r}"

@@ -33,4 +33,4 @@ def _params():
 def test_grid_config_matches_oracle(kernel, problem, device):
     sample = Sample(problem=problem)
     verdict = check_sample(kernel, sample, device)
-    assert verdict.passed, f"{verdict.message(f'{kernel.name} {sample.id}')}\npin it: {sample!r}"
+    assert verdict.passed, f"{verdict.message(f'{kernel.name} {sample.id}')}\npin it: {sample.pinned()!r}"

@@ -71,17 +71,15 @@ def fails_like(kernel: KernelEntry, mutants, case: Sample, device: str) -> bool 
     same way as the mutant's and of about its size. None without a mutant to compare with."""
     if not mutants:
         return None
-    x = case.inputs(device)
-    run = run_kernel(kernel, x)
-    oracle = oracle_of(run.inputs)
+    run = run_kernel(kernel, case.inputs(device))
+    others = []
     for mutant in mutants:
         try:
-            other = run_kernel(mutant, case.inputs(device))
+            others.append(run_kernel(mutant, case.inputs(device)))
         except Exception:  # noqa: BLE001 -- a mutant that raises here has no output to compare
             continue
-        if _same_error(run, other, oracle):
-            return True
-    return False
+    oracle = oracle_of(run.inputs)  # after the last call: the judge empties answers before each call
+    return any(_same_error(run, other, oracle) for other in others)
 
 
 def _same_error(run, other, oracle) -> bool:

@@ -30,6 +30,17 @@ def always_available(device) -> str | None:
     return None
 
 
+# The judge's guard (fmha.oracles.guard) around every call of an entry, once the judge is imported:
+# guard(entry, args, kwargs) runs the call and checks around it. None where no judge runs
+# (fmha.attention, the benchmarks).
+_GUARD = None
+
+
+def guard_calls(guard) -> None:
+    global _GUARD
+    _GUARD = guard
+
+
 @dataclass(frozen=True)
 class KernelEntry:
     """A kernel under test: a contract callable plus what it supports."""
@@ -69,7 +80,8 @@ class KernelEntry:
         return self.capabilities_on(device_type).not_supported_reasons(problem, device_type, needs, any_source)
 
     def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
+        guard = _GUARD
+        return self.fn(*args, **kwargs) if guard is None else guard(self, args, kwargs)
 
 
 def implemented_by(name: str, apply: Callable, capabilities: Capabilities, *,
@@ -114,4 +126,5 @@ class MergeEntry:
         return [] if device in self.devices else [f"no {device} merge (runs on {', '.join(self.devices)})"]
 
     def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
+        guard = _GUARD
+        return self.fn(*args, **kwargs) if guard is None else guard(self, args, kwargs)
