@@ -7,7 +7,9 @@ Three kinds of evidence, tried in this order when a verdict fails:
   by one) than to the contract;
 - precision: the error is as large as computing at a lower precision would make it (fp32
   inputs at TF32; q.k carried in 16 bits);
-- LSE conventions of other libraries: the sink left out, +inf for a row with no key;
+- the LSE: written in (B, T, Hq) order, -inf where a row sees only the sink, and other
+  libraries' conventions (the sink left out, +inf for a row with no key);
+- paged calls: which requests are wrong, and what they share that the right ones do not;
 - reruns (when the caller can rerun the kernel): it passes on the same values in contiguous
   storage, or with Dv = D, so the failure is in how it handles that dimension.
 """
@@ -96,6 +98,10 @@ MISTAKES: dict[str, tuple[Callable[[Inputs], bool], Callable[[Inputs], torch.Ten
         lambda x: x.problem.window is not None and x.problem.window > 1,
         lambda x: _call(x, window=x.problem.window - 1),
     ),
+    "the output written head-major ((B, Hq, T, Dv) order into the (B, T, Hq, Dv) tensor)": (
+        lambda x: x.problem.q_len > 1 and x.problem.heads_q > 1,
+        lambda x: _call(x).transpose(1, 2).reshape(_call(x).shape),
+    ),
 }
 
 # description -> (applies to this problem?, reference at that precision)
@@ -121,10 +127,9 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict) -> list[str]:
     """Likely causes of the failing `verdict` on `run`, each with its evidence, from the oracle
     (before any rerun of the kernel: the guard empties the oracle's answers before each call)."""
     x, floor = run.inputs, verdict.metrics.floor
-    if x.problem.source == "paged":
-        return _wrong_requests(run, oracle, floor)
-    if x.problem.source != "dense":
-        return []  # the wrong references here are written for dense keys
+    if x.problem.source != "dense":  # the wrong references below are written for dense keys
+        return (_wrong_requests(run, oracle, floor) if x.problem.source == "paged" else []) + _lse_layout_and_sink(
+            run, oracle)
     error = _rel_l2(run.o, oracle.o)
     hints = []
     if error >= 4 * floor:  # else not wrong enough to tell one wrong reference from another
@@ -141,7 +146,7 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict) -> list[str]:
                 if expected > 2 * floor and expected / 3 <= error <= 16 * expected:
                     hints.append(f"error matches {description}: rel-L2 {error:.3g}; that precision alone gives "
                                  f"{expected:.3g}, the {DTYPE_NAMES[x.problem.dtype]} floor is {floor:.3g}")
-    return hints + _lse_conventions(run, oracle)
+    return hints + _lse_layout_and_sink(run, oracle) + _lse_conventions(run, oracle)
 
 
 def rerun_hints(passes: Callable[[Inputs], bool], run: Run, verdict: Verdict) -> list[str]:
@@ -180,8 +185,45 @@ def _wrong_requests(run: Run, oracle: Oracle, floor: float) -> list[str]:
                 f"{empty[0]}, which has no query rows (cu_seqlens_q[{empty[0]}] == cu_seqlens_q[{empty[0] + 1}]): a "
                 "launch that drops requests with no query rows gives the requests after them other requests' keys "
                 "(vLLM's decode launch did)"]
+    shared = _what_they_share(wrong, q_lens, kv_lens, x.problem.block_size)
     return [f"the wrong rows are those of requests {', '.join(map(str, wrong))} of {len(q_lens)} (query rows "
-            f"{[q_lens[b] for b in wrong]}, keys {[kv_lens[b] for b in wrong]})"]
+            f"{[q_lens[b] for b in wrong]}, keys {[kv_lens[b] for b in wrong]})"
+            + (f"; they, and no request whose rows are right, {shared}" if shared else "")]
+
+
+def _what_they_share(wrong: list[int], q_lens, kv_lens, block_size: int | None) -> str:
+    """What the wrong requests have in common and the right ones do not, in words."""
+    right = [b for b, n in enumerate(q_lens) if n and b not in wrong]
+    traits = {
+        "have no keys": lambda b: kv_lens[b] == 0,
+        f"fill their last page exactly (keys a multiple of the block size {block_size})":
+            lambda b: bool(block_size) and kv_lens[b] > 0 and kv_lens[b] % block_size == 0,
+        f"end in a partial page (keys not a multiple of the block size {block_size})":
+            lambda b: bool(block_size) and kv_lens[b] % block_size != 0,
+        "have more than one page of keys": lambda b: bool(block_size) and kv_lens[b] > block_size,
+        "have more query rows than keys": lambda b: q_lens[b] > kv_lens[b],
+        "have one query row (decodes)": lambda b: q_lens[b] == 1,
+    }
+    found = [words for words, has in traits.items() if all(map(has, wrong)) and not any(map(has, right))]
+    return " and ".join(found)
+
+
+def _lse_layout_and_sink(run: Run, oracle: Oracle) -> list[str]:
+    """An LSE written in (B, T, Hq) order, or -inf where a row sees no key but the sink."""
+    if run.lse is None or run.lse.shape != oracle.lse.shape:
+        return []
+    lse, want, hints = run.lse.double(), oracle.lse.to(run.lse.device), []
+    transposed = want.transpose(-1, -2).reshape(want.shape)  # (B, T, H) order read as (B, H, T)
+    rows = torch.isfinite(transposed) & torch.isfinite(lse) & torch.isfinite(want)
+    if want.shape[-1] > 1 and want.shape[-2] > 1 and rows.any() and float(
+            (lse[rows] - transposed[rows]).abs().max()) < 1e-3 < float((lse[rows] - want[rows]).abs().max()):
+        hints.append("lse is the contract's written in (B, T, Hq) order: the contract's lse is (B, Hq, T)")
+    no_key = torch.isneginf(lse) & torch.isfinite(want)
+    if run.inputs.problem.sink and no_key.any():
+        hints.append(f"lse is -inf in {int(no_key.sum())} row(s) (first at (b,h,t)="
+                     f"{tuple(torch.nonzero(no_key)[0].tolist())}) where the contract's is finite: rows that see no "
+                     "key, whose lse is the sink's logit; the sink left out where a row has no key")
+    return hints
 
 
 def _lse_conventions(run: Run, oracle: Oracle) -> list[str]:
