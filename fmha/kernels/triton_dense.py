@@ -20,8 +20,10 @@ Precision of P.V (docs/contract.md: bf16 P costs ~1e-6 of cosine, below the 0.99
   its own dtype, so |V| up to bf16's range neither overflows nor loses accuracy.
 - fp16: P in fp16 (11 bits) against fp16 V: one MMA.
 - fp32: IEEE fp32 dots throughout.
-Under the CPU interpreter bf16 is upcast to fp32 before any arithmetic (Triton interpreter
-issues 11584, 11604), so the same tiling and masking run with fp32 dots.
+Under the CPU interpreter bf16 and fp16 are upcast to fp32 before any arithmetic, so the same
+tiling and masking run with fp32 dots: the interpreter's bf16 arithmetic works on the bits
+(Triton issues 11584, 11604), and its fp16 dot sums in fp16 (q.k at 3.1x the fp16 rounding
+floor on some draws).
 
 Split-KV (fmha.kernels.host): a split launch writes each key range's normalised fp32 partial
 and its LSE, merged after by the D5 merge.
@@ -311,7 +313,7 @@ def launch(problem, q, k, v, sink, target, target_lse, *, window, qk_scale, keys
     S, G = problem.kv_len, problem.group
     row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
     dv_blocks = triton.cdiv(problem.head_dim_v, tiles["BLOCK_DV"])
-    upcast = interpreting() and q.dtype == torch.bfloat16
+    upcast = interpreting() and q.dtype in (torch.bfloat16, torch.float16)
     grid = (row_blocks, B * (HQ // G), target.shape[0] * dv_blocks)
     k_desc = _key_descriptor(k, tiles["BLOCK_N"], tiles["BLOCK_D"])
     v_desc = k_desc if tiles["V_FROM_K"] else _key_descriptor(v, tiles["BLOCK_N"], tiles["BLOCK_DV"])

@@ -411,7 +411,7 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=Non
     k2 = extra_k_cache if two else k
     grid_m = triton.cdiv(G if sparse else T * G, tiles["BLOCK_M"])
     grid = (grid_m, (B * T if sparse else B) * problem.heads_kv, n_splits)
-    upcast = interpreting() and q.dtype == torch.bfloat16
+    upcast = interpreting() and q.dtype in (torch.bfloat16, torch.float16)
     _sources_fwd[grid](
         q, k, v, k2, sink if sink is not None else q, target, target_lse,
         given(block_table), given(kv_lens), given(cu_seqlens_q), given(indices), given(topk_len),

@@ -37,8 +37,8 @@ def pv_mode(dtype: torch.dtype) -> int:
 
 @triton.jit
 def mma(a, b, acc, PV_MODE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b: IEEE fp32 for fp32 operands (never TF32), in fp32 when UPCAST (bf16 under
-    the interpreter, whose bf16 arithmetic works on the bits)."""
+    """acc + a @ b: IEEE fp32 for fp32 operands (never TF32), in fp32 when UPCAST (bf16 and fp16
+    under the interpreter, whose bf16 arithmetic works on the bits and whose fp16 dot sums in fp16)."""
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     elif PV_MODE == 2:

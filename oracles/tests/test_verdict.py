@@ -18,8 +18,8 @@ from fmha.oracles.verdict import TOLERANCES, judge, two_sided
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-def _oracle(problem, distribution="normal", seed=0):
-    x = Sample(problem=problem, distribution=distribution, seed=seed).inputs()
+def _oracle(problem, distribution="normal", seed=0, run_seed=None):
+    x = Sample(problem=problem, distribution=distribution, seed=seed, run_seed=run_seed).inputs()
     o, lse = reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
     return x, o, lse
 
@@ -137,7 +137,7 @@ def test_the_rms_checks_widen_for_a_tiny_output_only():
     call that a failure (the per-element checks still bound it); over 2048 elements it is
     a kernel systematically worse than rounding, and fails."""
     tiny = Problem(batch=1, q_len=1, kv_len=10, heads_q=1, heads_kv=1, head_dim=16)
-    _, o, lse = _oracle(tiny)
+    _, o, lse = _oracle(tiny, run_seed=FIXED)  # values whose one-ulp error is past 3x the RMS floor
     verdict = judge(measure(_one_ulp_off(o), o))
     assert verdict.passed, verdict.message()
     assert verdict.metrics.error_ratio > 3  # would fail without the widening
