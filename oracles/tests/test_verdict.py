@@ -47,7 +47,7 @@ def test_normalize_twice_fails_on_magnitude_though_cosine_is_one():
 
 def test_one_bad_row_fails_with_its_location():
     problem = Problem(batch=2, q_len=16, kv_len=64, heads_q=4, heads_kv=4, head_dim=64)
-    _, o, lse = _oracle(problem)
+    _, o, lse = _oracle(problem, run_seed=FIXED)  # values where one row permuted keeps the global cosine > 0.99
     bad = o.clone()
     bad[1, 5, 2] = bad[1, 5, 2].flip(-1)  # one row of 128 permuted
     verdict = judge(measure(bad.to(problem.dtype), o))
