@@ -9,7 +9,8 @@ Three passes per kernel: agreement with the oracle on the feature cases (every d
 input distribution, --seeds seeds each); the named regression cases, each laid out inside the
 kernel's limits where it still catches its bug; and a fast pass of the metamorphic laws,
 contract v2's for a kernel that declares a paged or sparse source (--law-examples
-derandomized draws each, unshrunk: `pytest --pyargs fmha` shrinks). A kernel that raises
+derandomized draws each, unshrunk: `pytest --pyargs fmha` shrinks). Every run draws its values
+from a fresh seed (--fmha-seed N draws a run's again), printed with the report. A kernel that raises
 costs that case, recorded with its error, and the run goes on; a NotSupportedError is a
 skip with the kernel's reason. Prints progress, a table, the findings grouped (identical
 failures once, with their count and cases) and, per kernel, what it cannot run and why (its
