@@ -190,54 +190,30 @@ def _decoded_as(k, layout, mistake):
     return values.to(torch.bfloat16)
 
 
-@_bug
-def fp8_scale_of_the_next_tile(q, k, v, *, cache_layout, **kw):
-    """Tile i's elements times tile i+1's scale."""
-    cache = _decoded_as(k, cache_layout, "scale of the next tile")
-    return reference(q, cache, cache, **kw)
+def _misdecoded(name: str, how: str, doc: str):
+    """A mutant that decodes its quantized cache `how` (`_decoded_as`) and is otherwise the reference."""
+    def mutant(q, k, v, *, cache_layout, **kw):
+        cache = _decoded_as(k, cache_layout, how)
+        return reference(q, cache, cache, **kw)
+
+    mutant.__name__ = mutant.__qualname__ = name
+    mutant.__doc__ = doc
+    return _bug(mutant)
 
 
-@_bug
-def rope_read_as_fp8(q, k, v, *, cache_layout, **kw):
-    """The bf16 rope dims' bytes read as FP8 like the rest."""
-    cache = _decoded_as(k, cache_layout, "rope")
-    return reference(q, cache, cache, **kw)
-
-
-@_bug
-def fp8_subnormals_flushed(q, k, v, *, cache_layout, **kw):
-    """e4m3 subnormal codes (exponent bits 0) decoded as 0."""
-    cache = _decoded_as(k, cache_layout, "subnormals flushed")
-    return reference(q, cache, cache, **kw)
-
-
-@_bug
-def fp4_halves_flushed(q, k, v, *, cache_layout, **kw):
-    """e2m1's subnormal code (0.5) decoded as 0."""
-    cache = _decoded_as(k, cache_layout, "halves flushed")
-    return reference(q, cache, cache, **kw)
-
-
-@_bug
-def scale_exponent_clamped(q, k, v, *, cache_layout, **kw):
-    """ue8m0 tile scales clamped to 2^-64 .. 2^63 (an exponent kept in a signed byte)."""
-    cache = _decoded_as(k, cache_layout, "scale clamped")
-    return reference(q, cache, cache, **kw)
-
-
-@_bug
-def kv_scale_ignored(q, k, v, *, cache_layout, **kw):
-    """A quantized cache's tile scales read as 1."""
-    cache = _decoded_as(k, cache_layout, "scale one")
-    return reference(q, cache, cache, **kw)
-
-
-@_bug
-def negative_zero_read_as_nan(q, k, v, *, cache_layout, **kw):
-    """Negative zero (e4m3 0x80, e2m1 0x8) read as NaN, the code e4m3fnuz gives NaN: the encoder
-    never writes it, a cache from another quantizer does."""
-    cache = _decoded_as(k, cache_layout, "negative zero NaN")
-    return reference(q, cache, cache, **kw)
+fp8_scale_of_the_next_tile = _misdecoded("fp8_scale_of_the_next_tile", "scale of the next tile",
+                                         "Tile i's elements times tile i+1's scale.")
+rope_read_as_fp8 = _misdecoded("rope_read_as_fp8", "rope", "The bf16 rope dims' bytes read as FP8 like the rest.")
+fp8_subnormals_flushed = _misdecoded("fp8_subnormals_flushed", "subnormals flushed",
+                                     "e4m3 subnormal codes (exponent bits 0) decoded as 0.")
+fp4_halves_flushed = _misdecoded("fp4_halves_flushed", "halves flushed", "e2m1's subnormal code (0.5) decoded as 0.")
+scale_exponent_clamped = _misdecoded("scale_exponent_clamped", "scale clamped",
+                                     "ue8m0 tile scales clamped to 2^-64 .. 2^63 (an exponent kept in a signed byte).")
+kv_scale_ignored = _misdecoded("kv_scale_ignored", "scale one", "A quantized cache's tile scales read as 1.")
+negative_zero_read_as_nan = _misdecoded(
+    "negative_zero_read_as_nan", "negative zero NaN",
+    "Negative zero (e4m3 0x80, e2m1 0x8) read as NaN, the code e4m3fnuz gives NaN: the encoder never writes it, a "
+    "cache from another quantizer does.")
 
 
 @_bug

@@ -279,14 +279,6 @@ def test_a_users_known_failure_file_marks_strict_xfails_and_a_bad_one_is_a_usage
         reason = "the scale argument is not wired through yet"
         issue = "mykernel#7"
         case = "scale0.3"
-    '''), some_seeds=textwrap.dedent('''
-        [[known_failure]]
-        kernel = "plugged_kernels:ignores_scale"
-        test = "test_kernel_matches_oracle"
-        reason = "the scale argument is not wired through yet"
-        issue = "mykernel#7"
-        case = "scale0.3"
-        seeds = "some"
     '''), misnamed=textwrap.dedent('''
         [[known_failure]]
         kernel = "plugged_kernels:ignores_scale"
@@ -310,6 +302,7 @@ def test_a_users_known_failure_file_marks_strict_xfails_and_a_bad_one_is_a_usage
     broad = _run(plugged, "ignores_scale", "--fmha-known-failures=broad.toml", "-k", "bf16")
     assert broad.parseoutcomes().get("failed") == 1 and "XPASS(strict)" in broad.stdout.str()
     # a failure that shows only at some run seeds: the pass is reported, not failed
+    (plugged.path / "some_seeds.toml").write_text((plugged.path / "broad.toml").read_text() + '\nseeds = "some"\n')
     some = _run(plugged, "ignores_scale", "--fmha-known-failures=some_seeds.toml", "-k", "bf16")
     assert not some.parseoutcomes().get("failed") and some.parseoutcomes().get("xpassed") == 1, some.stdout.str()[-2000:]
     typo = _run(plugged, "ignores_scale", "--fmha-known-failures=typo.toml")
