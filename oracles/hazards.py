@@ -264,9 +264,13 @@ def _rows_without_keys(x: Inputs) -> bool:
 
 
 def _repeated_indices(x: Inputs) -> bool:
+    """A row that reads one key twice (both entries before its request's topk_len)."""
     if not _sparse(x):
         return False
-    indices = x.source_args["indices"].cpu()
+    indices, lengths = x.source_args["indices"].cpu(), x.source_args.get("topk_len")
+    if lengths is not None:  # entries past topk_len are not read: -1 for the comparison
+        past = torch.arange(indices.shape[-1]) >= lengths.cpu().view(-1, 1, 1)
+        indices = indices.masked_fill(past, -1)
     ordered = indices.sort(-1).values
     return bool(((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)).any())
 

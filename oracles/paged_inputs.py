@@ -14,6 +14,7 @@ views with poisoned gaps, runs of -1 a tile long, every code of a quantized form
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING
 
@@ -199,7 +200,7 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
     if "padded-pages" in sample.hazards:
         num_blocks = max(num_blocks, 2)  # a page stride shows between two pages
     slots = torch.randperm(num_blocks * block_size, generator=g)[:B * topk].view(B, topk)
-    order, invalid, (repeated, source) = _row_draws(sample, scope, B, T, topk)
+    order, invalid, (repeated, source) = _row_draws(sample, scope, B, T, topk, topk_lens)
     last = num_blocks * block_size - 1
     if sample.last_slot:  # a key some row reads lives in the cache's last slot, in any block size
         _in_the_last_slot(slots, _a_read_key(order, invalid, repeated, topk_lens), last)
@@ -247,10 +248,11 @@ def _in_the_last_slot(slots: torch.Tensor, key, last: int) -> None:
     slots[key] = last
 
 
-def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int):
+def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int, lengths=None):
     """Which of its request's keys each query row reads, in which order (B, T, topk), which of
     its entries are -1, and which repeat another entry of the row (the mask and the entry):
-    from a generator of the scope's own, so the same in any block size."""
+    from a generator of the scope's own, so the same in any block size. `lengths`: each
+    request's topk_len in the scope (None: every entry is read)."""
     rows = torch.Generator().manual_seed(sample.values_seed * 8 + scope)
     order = torch.stack([torch.stack([torch.randperm(topk, generator=rows) for _ in range(T)]) for _ in range(B)]
                         ) if B and T else torch.zeros(B, T, topk, dtype=torch.long)
@@ -263,7 +265,16 @@ def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int):
                 invalid.view(B * T, topk)[row, at:at + run] = True
     if not sample.repeats or not topk:
         return order, invalid, (torch.zeros(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.long))
-    return order, invalid, (torch.rand(shape, generator=rows) < sample.repeats, torch.randint(0, topk, shape, generator=rows))
+    repeated, source = torch.rand(shape, generator=rows) < sample.repeats, torch.randint(0, topk, shape, generator=rows)
+    # By construction, not by chance: in every row that reads two keys or more, the last index
+    # it reads repeats the first (a few-key row's random repeats can all land past topk_len or on -1).
+    limits = lengths or (topk,) * B
+    for b, t in itertools.product(range(B), range(T)):
+        read = (~invalid[b, t, :limits[b]]).nonzero().flatten().tolist()
+        if len(read) >= 2:
+            repeated[b, t, read[0]] = False
+            repeated[b, t, read[-1]], source[b, t, read[-1]] = True, read[0]
+    return order, invalid, (repeated, source)
 
 
 def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill: float, exponent: int = 0,
@@ -322,12 +333,16 @@ def _every_code(pages: torch.Tensor, spec, block_size: int, read: torch.Tensor, 
     """Every number code of the format, once each, at element positions of the read tokens
     (drawn from `g`): negative zero and the subnormals no encoder of rounded values writes."""
     codes = torch.tensor(numeric_codes(spec.name), dtype=torch.long)
-    per_token = spec.quantized_dims
+    # Positions in distinct bytes: two 4-bit codes written into one byte at once would keep one.
+    per_token = spec.quantized_dims * spec.element.bits // 8
     if not read.numel() or read.numel() * per_token < len(codes):
         return
     chosen = torch.randperm(read.numel() * per_token, generator=g)[:len(codes)]
+    elements = chosen % per_token
+    if spec.element.bits == 4:
+        elements = elements * 2 + torch.randint(0, 2, elements.shape, generator=g)
     device = pages.device
-    slots, elements = read.cpu()[chosen // per_token].to(device), (chosen % per_token).to(device)
+    slots, elements = read.cpu()[chosen // per_token].to(device), elements.to(device)
     data = pages[:, :block_size * spec.data_bytes].view(pages.shape[0], block_size, spec.data_bytes)
     page, token, codes = slots // block_size, slots % block_size, codes.to(device)
     if spec.element.bits == 8:
