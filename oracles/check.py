@@ -39,7 +39,8 @@ def judge_run(run: Run, oracle: Oracle | None = None, kernel: KernelEntry | None
     oracle = oracle if oracle is not None else oracle_of(run.inputs)
     o, lse, unwritten = as_batch(run)
     metrics = measure(o, oracle.o, lse, oracle.lse, unwritten, oracle.logit_rms, oracle.o_abs,
-                      logit_magnitude=oracle.logit_magnitude, underflow=oracle.underflow)
+                      logit_magnitude=oracle.logit_magnitude, underflow=oracle.underflow,
+                      oracle_squares=oracle.o_squares)
     verdict = judge(metrics, tolerance)
     if not verdict.passed:
         hints = explain(run, oracle, verdict)  # first: reruns of the kernel empty the oracle's answers

@@ -22,7 +22,9 @@ class Metrics:
     worst_row_cos: float
     worst_row_cos_at: tuple
     rel_l2: float
-    output_floor: float  # |round_dtype(O) - O| / |O|: rounding the exact answer
+    # |round_dtype(O) - O| / |O|: rounding the exact answer, with what the procedure (measure's
+    # perfect_o) and weights rounded to the dtype (measure's oracle_squares) cost
+    output_floor: float
     floor: float  # output_floor combined with fp32 logit rounding: a perfect kernel's error
     error_ratio: float  # rel_l2 / floor
     magnitude: float  # |o| / |O|
@@ -44,8 +46,8 @@ class Metrics:
     lse_inf_mismatch: int = 0  # -inf in one of kernel/oracle but not the other
     lse_scale: float | None = None  # least-squares slope of kernel lse against oracle lse
     elements: int = 0  # output elements measured: the sample the RMS statistics come from
-    # floor with the procedure's inherent error (measure's perfect_o) / floor without it: the
-    # cosine allowance, calibrated without, widens by its square
+    # floor with the procedure's inherent error (measure's perfect_o, oracle_squares) / floor
+    # without it: the cosine allowance, calibrated without, widens by its square
     procedure_widening: float = 1.0
 
     def summary(self) -> str:
@@ -97,6 +99,7 @@ def measure(
     perfect_o: torch.Tensor | None = None,
     logit_magnitude: torch.Tensor | None = None,
     underflow: torch.Tensor | None = None,
+    oracle_squares: torch.Tensor | None = None,
 ) -> Metrics:
     """Compare kernel output `o` (B, T, H, Dv) and `lse` (B, H, T) with the float64 oracle.
 
@@ -111,7 +114,8 @@ def measure(
     `logit_magnitude` (B, H, T) bounds each row's logits before cancellation (the oracle's):
     a logit summed in fp32 is off by up to about 2^-24 of it, and so is the lse. `underflow`
     (the oracle's, like o): what an fp32 kernel loses where softmax weights fall below fp32's
-    smallest normal and flush to zero, 2^-126 of the visible |v|.
+    smallest normal and flush to zero, 2^-126 of the visible |v|. `oracle_squares` (the
+    oracle's o_squares): what rounding the weights to the output's dtype before P.V costs.
     """
     dtype = o.dtype
     O = oracle_o.double()
@@ -150,10 +154,18 @@ def measure(
         output_floor = 0.0
     # A floor of exactly 0 (an exactly representable oracle) would make any error infinite.
     output_floor = max(output_floor, 2.0 ** -(MANTISSA_BITS[dtype] + 4))
-    procedure_widening = 1.0
+    inherent = []
     if perfect_o is not None and ref_norm > 0:
-        with_procedure = math.hypot(output_floor, float((perfect_o.double() - O).norm()) / ref_norm)
-        procedure_widening, output_floor = with_procedure / output_floor, with_procedure
+        inherent.append(float((perfect_o.double() - O).norm()) / ref_norm)
+    # FlashAttention's kernels round each weight p_j to the input's dtype before P.V: off by up
+    # to 2^-(mantissa + 1) of itself, at random, which costs sqrt(sum p^2 v^2 / 3) times that. Where
+    # the terms cancel it outweighs the output's rounding (fp16 and bf16, a ramp V averaged to near
+    # 0, named case cores-mn-layout: 3.3x to 8.8x that alone at 5% of the run seeds).
+    if oracle_squares is not None and ref_norm > 0:
+        squares = torch.where(bad, 0.0, oracle_squares.double())
+        inherent.append(2.0 ** -(MANTISSA_BITS[dtype] + 1) * float(squares.norm()) / (3**0.5 * ref_norm))
+    procedure_widening = math.hypot(output_floor, *inherent) / output_floor
+    output_floor *= procedure_widening
     # Each output element is a sum of p * v: summed in fp32 it is off by about 2^-24 of the
     # terms' sum, which outweighs the output's own rounding where they cancel (fp32, a ramp V
     # averaged to about 0: SDPA's math kernel measured 110x the output rounding alone).

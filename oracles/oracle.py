@@ -43,6 +43,10 @@ class Oracle:
     # it adds up, the scale its rounding error is relative to (|o| is far smaller where they
     # cancel).
     o_abs: torch.Tensor
+    # Like o: sqrt(sum_j p_j^2 v_j^2), the RMS error of an output element when each weight p_j
+    # is off by the same small relative amount at random: what rounding P to the input's dtype
+    # before P.V costs (FlashAttention's convention; where the terms cancel, |o| is far smaller).
+    o_squares: torch.Tensor
     # RMS of the visible logits: holding them in float32 costs about 2^-24 of this.
     logit_rms: float
     # (B, Hq, T): scale * |q_row| * the longest key the row sees, what a row's logits add up
@@ -54,7 +58,7 @@ class Oracle:
     underflow: torch.Tensor
 
     def __post_init__(self):
-        answer(self.o, self.lse, self.o_abs, self.logit_magnitude, self.underflow)
+        answer(self.o, self.lse, self.o_abs, self.o_squares, self.logit_magnitude, self.underflow)
 
 
 def _slots(cache: torch.Tensor) -> torch.Tensor:
@@ -139,6 +143,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: t
     key_norm = (norms.amax(dim=1) if norms.shape[1] else norms.new_zeros(T, Hkv)).repeat_interleave(group, 1).T
     seen_abs = torch.einsum(f"tn,{kv}->tkd", visible.double(), values.abs()).repeat_interleave(group, 1)
     return dict(o=o, lse=lse[0], o_abs=torch.einsum(f"kgtn,{kv}->tkgd", grouped, values.abs()).flatten(1, 2),
+                o_squares=torch.einsum(f"kgtn,{kv}->tkgd", grouped.square(), values.square()).flatten(1, 2).sqrt(),
                 squares=float(visible_scores.square().sum()), count=visible_scores.numel(),
                 logit_magnitude=scale * q.double().norm(dim=-1).T * key_norm,
                 underflow=torch.finfo(torch.float32).tiny * seen_abs)
@@ -195,7 +200,8 @@ def oracle_over(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: tor
     count = sum(p["count"] for p in parts)
     logit_rms = (sum(p["squares"] for p in parts) / count) ** 0.5 if count else 0.0
     shape = (lambda t: t[None]) if ragged else (lambda t: t)
-    return Oracle(o=shape(rows("o")), lse=shape(heads("lse")), o_abs=shape(rows("o_abs")), logit_rms=logit_rms,
+    return Oracle(o=shape(rows("o")), lse=shape(heads("lse")), o_abs=shape(rows("o_abs")),
+                  o_squares=shape(rows("o_squares")), logit_rms=logit_rms,
                   logit_magnitude=shape(heads("logit_magnitude")), underflow=shape(rows("underflow")))
 
 

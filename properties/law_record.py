@@ -160,8 +160,9 @@ def assert_agrees(o: torch.Tensor, reference_o: torch.Tensor, what: str, lse=Non
     whose own rounding then adds to the allowance (two_sided). `scales`, the oracle of the
     inputs, sets the fp32 logit-rounding part of the floor and the scale of the terms each
     output sums, the oracle over |v| (without it |reference_o|, too strict where they cancel);
-    `logit_rms` and `oracle_abs` give those two directly. `perfect_o`: an error-free kernel's
-    result through the law's procedure (metrics.measure)."""
+    `logit_rms` and `oracle_abs` give those two directly; with `scales` the floor also holds what
+    weights rounded to the dtype cost. `perfect_o`: an error-free kernel's result through the
+    law's procedure (metrics.measure)."""
     reference_lse = None if reference_lse is None else reference_lse.double()
     tolerance = TOLERANCES[o.dtype]
     if reference_o.dtype != torch.float64:
@@ -171,7 +172,8 @@ def assert_agrees(o: torch.Tensor, reference_o: torch.Tensor, what: str, lse=Non
         oracle_abs = scales.o_abs if oracle_abs is None else oracle_abs
     metrics = measure(o, reference_o.double(), lse, reference_lse, logit_rms=logit_rms or 0.0, oracle_abs=oracle_abs,
                       perfect_o=perfect_o, logit_magnitude=None if scales is None else scales.logit_magnitude,
-                      underflow=None if scales is None else scales.underflow)
+                      underflow=None if scales is None else scales.underflow,
+                      oracle_squares=None if scales is None else scales.o_squares)
     verdict = judge(metrics, tolerance)
     assert verdict.passed, verdict.message(what)
 

@@ -153,7 +153,7 @@ def test_the_oracles_scales_over_pages_equal_the_dense_oracles():
             k_cache[table[b, i]], v_cache[table[b, i]] = k[b, 2 * i:2 * i + 2], v[b, 2 * i:2 * i + 2]
     paged = oracle_over(q, [Paged(k_cache, v_cache, table, torch.tensor([6, 6], dtype=torch.int32))],
                            sink=sink, scale=0.3)
-    for name in ("o", "lse", "o_abs", "logit_magnitude", "underflow"):
+    for name in ("o", "lse", "o_abs", "o_squares", "logit_magnitude", "underflow"):
         torch.testing.assert_close(getattr(paged, name), getattr(dense, name), **F64, msg=name)
     assert paged.logit_rms == pytest.approx(dense.logit_rms, rel=1e-12)
     o, lse = reference.attention(q, k, v, sink=sink, scale=0.3)
