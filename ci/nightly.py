@@ -2,9 +2,11 @@
 reach cosine >= 0.999998.
 
     python -m fmha.ci.nightly [--fmha-kernel NAME|module:attr ...] [--compare NAME|installed ...] [--out DIR]
-                              [--seeds N] [--head-dims D ...]
+                              [--seeds N] [--head-dims D ...] [--shard I/N]
+    python -m fmha.ci.nightly merge SHARD_DIR ... [--out DIR]
 
-It gates the kernels selected as in pytest, fmha's own (`fmha`) when none is; --compare adds
+It gates the kernels selected as in pytest, fmha's own when none is (`fmha`, and on CUDA its
+CUDA C++ kernels: `cuda-sparse`); --compare adds
 kernels whose rows are reported and never gated. For each kernel it runs the grid x
 layouts (MHA, MQA with K = V), and the 96 sparse-decode configs (properties/grid.py), x
 distributions (normal, peaky, flat) x seeds against the float64 oracle (over the dequantized
@@ -17,14 +19,21 @@ config), compares with the previous DIR/results.json and lists what got worse; e
 any run is below the gate.
 On a machine without CUDA it runs a reduced slice through the Triton interpreter (every
 head dim, decode shapes; two sparse configs) so the command works anywhere.
+
+Over N runners: each runs `--shard I/N --out DIR_I` (every N-th grid case from the I-th: the same
+N, the same parts), then `merge DIR_1 ... DIR_N --out DIR` joins their runs into one report, in
+the unsharded run's order (results.json, summary.md, index.html, junit.xml, one history.jsonl
+line per kernel), with their sanitize.json and pytest-junit.xml joined beside it.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -32,6 +41,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 import torch
 
@@ -39,7 +49,7 @@ from tqdm import tqdm
 
 from fmha import registry
 from fmha.regressions.selection import command_line, parse, resolve_kernel, selected_kernels
-from fmha.ci import report_html
+from fmha.ci import report_html, shards
 from fmha.ci import progress as progress_lines
 from fmha.ci.run_record import RunRecord, raised
 from fmha.contract import NotSupportedError
@@ -210,10 +220,14 @@ def summarize(records: list[RunRecord], previous: list[RunRecord] | None, header
         lines += ["", f"## Below the gate or raised ({len(failing_lines)} runs)", ""] + failing_lines[:200]
         if len(failing_lines) > 200:
             lines.append(f"- ... {len(failing_lines) - 200} more in results.json")
-    skipped = sorted({(r.kernel, r.what, r.message) for r in records if r.outcome == "skipped"})
+    skipped = defaultdict(set)
+    for r in records:
+        if r.outcome == "skipped":
+            skipped[r.kernel, r.message].add(r.what)
     if skipped:
         lines += ["", "## Not run (the kernel's reasons)", ""]
-        lines += [f"- {k} {c}: {why}" for k, c, why in skipped[:100]]
+        lines += [f"- {k}, {len(cases)} case(s) ({sorted(cases)[0]}{', ...' if len(cases) > 1 else ''}): {why}"
+                  for (k, why), cases in sorted(skipped.items())[:100]]
     if previous is not None:
         lines += ["", "## Compared with the previous results", ""] + _regressions(records, previous)
     return "\n".join(lines) + "\n", any_fail
@@ -265,7 +279,10 @@ def _compared(parser, args, gated: list) -> list:
 
 
 def main(argv=None) -> int:
-    parser = command_line(__doc__, default_kernels="fmha (fmha.attention)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["merge"]:
+        return merge(argv[1:])
+    parser = command_line(__doc__, default_kernels="fmha (fmha.attention), and on CUDA fmha's CUDA C++ kernels")
     parser.add_argument("--compare", action="append", default=[], metavar="NAME|module:attr|installed",
                         help="report these kernels beside the gated ones, without gating them (repeatable; "
                              "'installed': every registered kernel that runs here)")
@@ -276,11 +293,12 @@ def main(argv=None) -> int:
                         help="only these head dims of the grids (triage); the sparse grid is head dim 512")
     parser.add_argument("--report-only", action="store_true",
                         help="only re-render summary.md and index.html from DIR/results.json")
+    shards.add_option(parser, "the grid cases")
     args = parse(parser, argv)
     if args.report_only:
         saved = json.loads((args.out / "results.json").read_text())
         return _report(_records(saved), None, saved["header"], args.out, None)
-    gated = selected_kernels(parser, args) if args.fmha_kernel else [registry.KERNELS["fmha"]]
+    gated = selected_kernels(parser, args) if args.fmha_kernel else default_gated(args.fmha_device)
     compared = _compared(parser, args, gated)
     kernels = gated + compared
     reduced = args.fmha_device == "cpu" and not args.full_grid
@@ -290,24 +308,88 @@ def main(argv=None) -> int:
         configs = [c for c in configs if c.head_dim in args.head_dims]
         sparse = [p for p in sparse if p.head_dim in args.head_dims]
     seeds = args.seeds or (1 if args.fmha_device == "cpu" else 3)
+    # Each case keeps its place in the whole grid: a merge of shards puts the runs back in order.
+    grid = args.shard.take([(p, case, dict(where, case_index=i)) for i, (p, case, where) in
+                            enumerate(cases(configs, sparse))])
 
     gated_names = {k.name for k in gated}
-    records = [r.replace(gated=r.kernel in gated_names)
-               for r in run_gate(kernels, args.fmha_device, seeds, cases(configs, sparse))]
-    args.out.mkdir(parents=True, exist_ok=True)
-    results_path = args.out / "results.json"
-    previous = _records(json.loads(results_path.read_text())) if results_path.exists() else None
+    records = [r.replace(gated=r.kernel in gated_names) for r in run_gate(kernels, args.fmha_device, seeds, grid)]
     device_name = torch.cuda.get_device_name() if args.fmha_device == "cuda" else "CPU (Triton interpreter)"
     now = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+    part = f", shard {args.shard} ({len(grid)} of the grid cases)" if args.shard.count > 1 else ""
     header = (f"# Nightly gate, {now} UTC\n\n"
               f"{device_name}, torch {torch.__version__}; {len(configs)} configs"
               f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} (bf16, B=2, Hq=8, causal) and "
-              f"{len(sparse)} DSV4 sparse-decode configs, x {', '.join(DISTRIBUTIONS)} x {seeds} seed(s).\n\n"
-              f"Command: python -m fmha.ci.nightly {' '.join(sys.argv[1:] if argv is None else argv)}")
+              f"{len(sparse)} DSV4 sparse-decode configs, x {', '.join(DISTRIBUTIONS)} x {seeds} seed(s){part}.\n\n"
+              f"Command: python -m fmha.ci.nightly {' '.join(argv)}")
+    return _write(records, header, args.out, device_name, now, shard=[args.shard.index, args.shard.count])
+
+
+def default_gated(device: str) -> list:
+    """What the gate judges when no kernel is named: fmha.attention, and on CUDA fmha's CUDA C++
+    kernels, which it runs first where they are built."""
+    return [registry.KERNELS["fmha"]] + [k for k in registry.COMPILED if device in k.default_devices]
+
+
+def _write(records: list[RunRecord], header: str, out: Path, device_name: str, now: str, shard=None) -> int:
+    """results.json (atomically), then the reports (`_report`), compared with the previous results."""
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    previous = _records(json.loads(results_path.read_text())) if results_path.exists() else None
     write_atomically(results_path, json.dumps(dict(device=device_name, torch=torch.__version__, gate=GATE,
-                                                   header=header, records=[r.to_json() for r in records]),
+                                                   header=header, shard=shard, records=[r.to_json() for r in records]),
                                               indent=1, default=_json_safe))
-    return _report(records, previous, header, args.out, now)
+    return _report(records, previous, header, out, now)
+
+
+def merge(argv: list[str]) -> int:
+    """`merge SHARD_DIR ... --out DIR`: the shards' runs as one night's report."""
+    parser = argparse.ArgumentParser(prog="python -m fmha.ci.nightly merge",
+                                     description="Join the reports of a nightly's shards (--shard I/N) into one.")
+    parser.add_argument("shards", nargs="+", type=Path, metavar="SHARD_DIR", help="each shard's --out")
+    parser.add_argument("--out", type=Path, default=Path("nightly-report"))
+    args = parser.parse_args(argv)
+    parts = []
+    for directory in args.shards:
+        path = directory / "results.json"
+        if not path.exists():
+            parser.error(f"{directory}: expected a shard's report folder (its results.json), found none")
+        parts.append(json.loads(path.read_text()))
+    found = sorted(tuple(p.get("shard") or (1, 1)) for p in parts)
+    count = found[0][1]
+    if found != [(i, count) for i in range(1, count + 1)]:
+        parser.error(f"expected shards 1/{count} to {count}/{count} once each, got "
+                     f"{', '.join(f'{i}/{n}' for i, n in found)}")
+    first = next(p for p in parts if tuple(p["shard"]) == (1, count))
+    records = [r for p in parts for r in _records(p)]
+    kernels = list(dict.fromkeys(r.kernel for r in _records(first)))
+    records.sort(key=lambda r: (kernels.index(r.kernel) if r.kernel in kernels else len(kernels),
+                                r.where.get("case_index", 0), DISTRIBUTIONS.index(r.where["distribution"]),
+                                r.where["seed"]))
+    now = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+    header = re.sub(r", shard 1/\d+ \(\d+ of the grid cases\)", f", {count} shards merged", first["header"])
+    header += f" (shard 1 of {count}), merged by: python -m fmha.ci.nightly merge {' '.join(argv)}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    _join_beside(args.shards, args.out)
+    return _write(records, header, args.out, first["device"], now)
+
+
+def _join_beside(shard_dirs: list[Path], out: Path) -> None:
+    """The shards' sanitize.json (findings and skips together) and pytest-junit.xml (their
+    test suites in one file), where they have them."""
+    sanitized = [json.loads((d / "sanitize.json").read_text()) for d in shard_dirs if (d / "sanitize.json").exists()]
+    if sanitized:
+        joined = dict(findings=[f for s in sanitized for f in s["findings"]], skipped=[k for s in sanitized for k in s["skipped"]])
+        write_atomically(out / "sanitize.json", json.dumps(joined, indent=1))
+    suites = []
+    for d in shard_dirs:
+        if (d / "pytest-junit.xml").exists():
+            root = ElementTree.parse(d / "pytest-junit.xml").getroot()
+            suites += [root] if root.tag == "testsuite" else list(root)
+    if suites:
+        joined = ElementTree.Element("testsuites")
+        joined.extend(suites)
+        write_atomically(out / "pytest-junit.xml", ElementTree.tostring(joined, encoding="unicode"))
 
 
 def _records(results: dict) -> list[RunRecord] | None:

@@ -3,6 +3,7 @@
     python -m fmha.ci.sanitize                                  # fmha's kernels: memcheck, synccheck
     python -m fmha.ci.sanitize --fmha-kernel my_pkg.attn:fwd --tool memcheck --tool racecheck
     python -m fmha.ci.sanitize --json sanitize.json
+    python -m fmha.ci.sanitize --shard 2/4 --json sanitize.json  # one runner of four (every 4th case from the 2nd)
 
 Output comparisons cannot see a kernel read what the call does not name (an unmasked load one
 entry past a block table reads memory nobody owns and discards it). For each kernel and tool,
@@ -29,6 +30,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from fmha.ci import shards
 from fmha.regressions.selection import command_line, parse, resolve_kernel, selected_kernels
 
 TOOLS = ("memcheck", "synccheck", "racecheck")
@@ -63,15 +65,16 @@ class Finding:
         return f"{named[0]} <-> {other}" if named else other
 
 
-def run_cases(kernel_spec: str, device: str) -> None:
-    """The child: each case once, a marker line before it (the sanitizer's reports follow it)."""
+def run_cases(kernel_spec: str, device: str, shard: shards.Shard = shards.WHOLE) -> None:
+    """The child: each case (of `shard`'s part) once, a marker line before it (the sanitizer's
+    reports follow it)."""
     import torch
 
     from fmha.regressions.selection import resolve_kernel
     from fmha.regressions.traps import laid_out_cases
 
     kernel = resolve_kernel(kernel_spec)
-    for trap_id, case in laid_out_cases(kernel, device):
+    for trap_id, case in shard.take(laid_out_cases(kernel, device)):
         print(f"{MARK}{trap_id}/{case.id}", flush=True)
         x = case.inputs(device)
         try:
@@ -115,11 +118,14 @@ def sanitizer(device: str) -> tuple[str | None, str]:
     return (path, "") if path else (None, "compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
 
 
-def sanitize(kernel, tool: str, device: str, path: str, known) -> tuple[list[Finding], str]:
-    """One sanitized child over every case: (findings, a reason the tool could not run, or "")."""
+def sanitize(kernel, tool: str, device: str, path: str, known,
+             shard: shards.Shard = shards.WHOLE) -> tuple[list[Finding], str]:
+    """One sanitized child over every case (of `shard`'s part): (findings, a reason the tool
+    could not run, or "")."""
     from fmha.regressions import ledger
 
-    child = [sys.executable, "-m", "fmha.ci.sanitize", "--child", kernel.name, "--fmha-device", device]
+    child = [sys.executable, "-m", "fmha.ci.sanitize", "--child", kernel.name, "--fmha-device", device,
+             "--shard", str(shard)]
     # Every report, not the tool's default first 100: an unexplained one past them would go unseen.
     command = [path, "--tool", tool, "--print-limit", "100000", *child]
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
@@ -143,9 +149,10 @@ def main(argv=None) -> int:
                         help="compute-sanitizer tools to run (default: memcheck and synccheck)")
     parser.add_argument("--json", metavar="PATH", help="write every finding as JSON")
     parser.add_argument("--child", metavar="KERNEL", help=argparse.SUPPRESS)  # the sanitized process
+    shards.add_option(parser, "the named cases")
     args = parse(parser, argv)
     if args.child:
-        run_cases(args.child, args.fmha_device)
+        run_cases(args.child, args.fmha_device, args.shard)
         return 0
     # Without --fmha-kernel: fmha's own, each case on the kernel fmha.attention picks for it,
     # then on the Triton kernels also where a Gluon one would run.
@@ -157,7 +164,7 @@ def main(argv=None) -> int:
     findings, skipped = [], []
     for kernel in kernels:
         for tool in args.tool or ("memcheck", "synccheck"):
-            found, refused = sanitize(kernel, tool, args.fmha_device, path, ledger.LEDGER)
+            found, refused = sanitize(kernel, tool, args.fmha_device, path, ledger.LEDGER, args.shard)
             if refused:
                 skipped.append(f"{kernel.name}, {tool}: {refused}")
             findings += found

@@ -8,8 +8,8 @@
 `attention` checks the call against the contract once, then runs the first kernel of
 IMPLEMENTATIONS that supports it on this device (xformers' dispatch is the model): every one
 is a `KernelEntry`, dense or paged alike. DSV4's sparse decode (index-sparse bf16 head dim 512
-K = V) and bf16 head dim 512 go to the Gluon kernels on Hopper, everything else to the Triton
-kernels. `implementation="triton"` (or "gluon", or one kernel's name) runs only those, or
+K = V) goes to the CUDA kernel on Hopper where it is built, else (and bf16 head dim 512) to the Gluon
+kernels, everything else to the Triton kernels. `implementation="triton"` (or "gluon", or one kernel's name) runs only those, or
 raises NotSupportedError with each one's reasons; `not_supported_reasons` gives them all.
 """
 
@@ -24,12 +24,14 @@ from fmha.contract import KernelEntry, NotSupportedError, Problem, check_attenti
 from fmha.contract.kernel import source_tensors
 from fmha.kernels import cuda_sparse, gluon_dense, gluon_sparse, triton_dense, triton_merge, triton_paged
 
-# In priority order: the first that supports a call runs it.
-# The CUDA sparse kernel comes after the Gluon one although it is faster (BENCHMARKS.md, "the
-# CUDA kernel beside FlashMLA"): its first call builds it with nvcc, a minute that fmha.attention
-# does not make a caller wait unasked. `implementation="cuda"` runs it.
-IMPLEMENTATIONS: tuple[KernelEntry, ...] = (gluon_sparse.ENTRY, cuda_sparse.ENTRY, gluon_dense.ENTRY,
+# In priority order: the first that supports a call runs it. The CUDA sparse kernel, the fastest
+# (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"), runs first where it is built
+# (`python -m fmha.kernels.build`) and is skipped where it is not: building it is a minute of nvcc
+# that fmha.attention does not make a caller wait unasked. Named (`implementation="cuda"`), it
+# builds on its first call.
+IMPLEMENTATIONS: tuple[KernelEntry, ...] = (cuda_sparse.BUILT, gluon_sparse.ENTRY, gluon_dense.ENTRY,
                                             triton_paged.ENTRY, triton_dense.ENTRY)
+NAMED = {cuda_sparse.ENTRY.name: cuda_sparse.ENTRY}  # what a named implementation runs instead
 FAMILIES = {"cuda": ("cuda-sparse",), "gluon": ("gluon-sparse", "gluon"), "triton": ("triton-paged", "triton-dense")}
 # What fmha.attention supports: the union, the Triton kernels' (dense keys, and contract v2's).
 CAPABILITIES = dataclasses.replace(
@@ -56,7 +58,7 @@ def choose(problem: Problem, device, entries: Sequence[KernelEntry] = IMPLEMENTA
 def implementations(name: str | None) -> tuple[KernelEntry, ...]:
     """The entries `implementation=name` runs: all of them, a family's, or one by its name."""
     names = FAMILIES.get(name, (name,))
-    chosen = tuple(e for e in IMPLEMENTATIONS if name is None or e.name in names)
+    chosen = tuple(e if name is None else NAMED.get(e.name, e) for e in IMPLEMENTATIONS if name is None or e.name in names)
     if not chosen:
         known = [*FAMILIES, *(e.name for e in IMPLEMENTATIONS)]
         raise ValueError(f"implementation: expected one of {', '.join(known)} or None, got {name!r}")

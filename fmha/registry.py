@@ -44,6 +44,8 @@ OURS = [
 ]
 
 OURS_NAMES = frozenset(e.name for e in OURS)
+# fmha's CUDA C++ kernels: the nightly gates them beside fmha (fmha.attention runs them first where built).
+COMPILED = (cuda_sparse.ENTRY,)
 
 # Other libraries' kernels, each imported only when called; unavailable (with how to get it)
 # where the library is missing. They run when selected, or compared (`--compare installed`).

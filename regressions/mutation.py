@@ -145,18 +145,25 @@ def patched_gluon_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelE
     return _patched_entry("_mutant_gluon_sparse", name, gluon_sparse, patches)
 
 
-def patched_cuda_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
-    """fmha's CUDA sparse-decode kernel (fmha/kernels/cuda/sparse_decode.cu) with `patches`
-    applied, built as an extension of its own on first call (Hopper GPUs with nvcc only)."""
-    from fmha.contract import implemented_by
+def cuda_sparse_mutant_build(name: str, *patches: tuple[str, str]):
+    """The build (fmha.kernels.build) of fmha's CUDA sparse-decode kernel with `patches` applied,
+    an extension of its own named for its content."""
     from fmha.kernels import cuda_sparse
 
     with open(cuda_sparse.SOURCE) as f:
         source = patch_source(f.read(), patches, name, "fmha/kernels/cuda/sparse_decode.cu")
-    extension = cuda_sparse.extension_name("mutant", name, source)
-    path = _written(f"{extension}.cu", source)
-    built = functools.cache(lambda: cuda_sparse.build(extension, path))
-    return implemented_by(f"mutant:{name}", functools.partial(cuda_sparse.attend, extension=built),
+    return cuda_sparse.kernel_build(cuda_sparse.extension_name("mutant", name, source), source)
+
+
+def patched_cuda_sparse_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
+    """fmha's CUDA sparse-decode kernel (fmha/kernels/cuda/sparse_decode.cu) with `patches`
+    applied, loaded from the build cache on first call, built into it first where
+    `python -m fmha.kernels.build --mutants` has not (Hopper GPUs with nvcc only)."""
+    from fmha.contract import implemented_by
+    from fmha.kernels import build, cuda_sparse
+
+    extension = functools.cache(functools.partial(build.load, cuda_sparse_mutant_build(name, *patches)))
+    return implemented_by(f"mutant:{name}", functools.partial(cuda_sparse.attend, extension=extension),
                           cuda_sparse.CAPABILITIES, availability=cuda_sparse.availability, default_devices=("cuda",),
                           description=f"regressions mutant {name}")
 

@@ -15,6 +15,7 @@ import pytest
 from fmha.ci.run_record import RunRecord
 
 pytestmark = pytest.mark.cpu_tier  # the gate on --fmha-device cpu: nightly on CUDA
+pytest_plugins = ["pytester"]
 
 RAISING = textwrap.dedent('''
     from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, reference
@@ -155,3 +156,67 @@ def test_an_output_of_nan_or_never_written_is_below_the_gate(tmp_path, monkeypat
     summary, failing = nightly.summarize(records, None, "# night")
     assert failing and "NaN or inf output elements" in summary and "unwritten output elements" in summary, summary
     assert all(report_html.worst_by_cell(t.runs)[("hd64 T=1", "S=128")] == 1.0 for t in nightly.tally(records).values())
+
+
+def _results(directory) -> list[RunRecord]:
+    return [RunRecord.from_json(r) for r in json.loads((directory / "results.json").read_text())["records"]]
+
+
+def _junit_ids(directory) -> list[tuple[str, str]]:
+    return [(case.get("classname"), case.get("name")) for case in ET.parse(directory / "junit.xml").iter("testcase")]
+
+
+def test_three_shards_merged_are_the_unsharded_night(tmp_path, capsys):
+    """The gate as 3 shards (--shard I/3) and `merge`: together they ran every case of the
+    unsharded night once; the merged report is the unsharded one config for config, in its order,
+    with the same junit ids and one history line per kernel."""
+    from fmha.ci import nightly
+
+    common = ["--fmha-device", "cpu", "--head-dims", "64"]
+    assert nightly.main([*common, "--out", str(tmp_path / "whole")]) == 0
+    shard_dirs = [tmp_path / f"shard{i}" for i in (1, 2, 3)]
+    for i, directory in enumerate(shard_dirs, 1):
+        assert nightly.main([*common, "--shard", f"{i}/3", "--out", str(directory)]) == 0
+    ran = [(r.kernel, r.run_id) for d in shard_dirs for r in _results(d)]
+    whole = _results(tmp_path / "whole")
+    assert sorted(ran) == sorted((r.kernel, r.run_id) for r in whole) and len(set(ran)) == len(ran)
+    assert all(_results(d) for d in shard_dirs)  # each shard ran some
+
+    assert nightly.main(["merge", *map(str, shard_dirs), "--out", str(tmp_path / "merged")]) == 0
+    merged = _results(tmp_path / "merged")
+    as_compared = lambda records: [(r.kernel, r.what, r.where, r.outcome, r.metrics) for r in records]  # noqa: E731
+    assert as_compared(merged) == as_compared(whole)
+    assert _junit_ids(tmp_path / "merged") == _junit_ids(tmp_path / "whole")
+    assert len(set(_junit_ids(tmp_path / "merged"))) == len(_junit_ids(tmp_path / "merged"))
+    history = (tmp_path / "merged" / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["kernel"] for line in history] == ["fmha"]
+    assert "3 shards merged" in (tmp_path / "merged" / "summary.md").read_text()
+
+
+def test_a_merge_missing_a_shard_is_a_usage_error(tmp_path, capsys):
+    from fmha.ci import nightly
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "results.json").write_text(json.dumps(dict(shard=[1, 3], records=[], header="", device="")))
+    with pytest.raises(SystemExit) as exit_:
+        nightly.main(["merge", str(tmp_path / "one"), "--out", str(tmp_path / "merged")])
+    assert exit_.value.code == 2 and "expected shards 1/3 to 3/3 once each, got 1/3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nightly.main(["--fmha-device", "cpu", "--shard", "4/3"])
+    assert "expected I/N with 1 <= I <= N (shard I of N), got '4/3'" in capsys.readouterr().err
+
+
+def test_the_property_suites_shards_collect_the_unsharded_suite_once(pytester):
+    """pytest-split's --splits 3 --group I, as the nightly workflow's shards run the property
+    suite: the three groups' tests are the unsharded collection, each once."""
+    from fmha.properties import test_laws
+
+    path = test_laws.__file__
+
+    def collected(*options) -> list[str]:
+        result = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider", *options, path)
+        return [line for line in result.outlines if "::" in line]
+
+    whole = collected()
+    groups = [collected("--splits", "3", "--group", str(i)) for i in (1, 2, 3)]
+    assert all(groups) and sorted(sum(groups, [])) == sorted(whole)

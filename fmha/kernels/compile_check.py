@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 # Importing the fmha package already chose between compiling and interpreting (fmha/__init__.py
 # picks the interpreter on a machine without CUDA unless told otherwise).
@@ -119,13 +120,13 @@ def compile_cuda_sparse(source: str | None = None) -> list[tuple[str, int, int]]
     kernel (a lone CTA, a 2-CTA cluster) that nvcc builds from `source` (its .cu by default)
     alone, without torch's headers; a build error is a CalledProcessError with nvcc's output.
     Its shared memory is checked by the source itself (a static_assert)."""
-    from fmha.kernels import cuda_sparse
+    from fmha.kernels import build, cuda_sparse
 
-    with tempfile.TemporaryDirectory() as out:
-        report = subprocess.run(
-            [cuda_sparse.nvcc(), "-c", *cuda_sparse.NVCC_FLAGS, "-Xptxas", "-v", "-DFMHA_KERNEL_ONLY",
-             f"-I{cuda_sparse.SOURCE_DIR}", "-o", os.path.join(out, "kernel.o"), source or cuda_sparse.SOURCE],
-            capture_output=True, text=True, check=True).stderr
+    with open(source or cuda_sparse.SOURCE) as f:
+        kernel = build.kernel_only(cuda_sparse.kernel_build(source_text=f.read()))
+    with tempfile.TemporaryDirectory() as out:  # the command `python -m fmha.kernels.build --kernel-only` runs
+        build.compile_kernel_only(kernel, Path(out))
+        report = (Path(out) / "ptxas.txt").read_text()
     instances = []
     for entry in re.split(r"Compiling entry function", report)[1:]:
         cluster = re.search(r"sparse_decode_kernelILi(\d)E", entry).group(1)

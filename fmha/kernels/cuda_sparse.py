@@ -31,15 +31,15 @@ What Gluon cannot express and this kernel does: a CTA cluster's distributed shar
 Measured (BENCHMARKS.md, "the CUDA kernel beside FlashMLA"): at the gate on all 96 sparse
 configs, faster than the Gluon kernel, faster than FlashMLA on the four 1024-key bench shapes and
 1.03-1.07x its time on the 512-key ones (a CTA's start and end, q in and o out, cost about 10.5 µs,
-a third of the one-wave shapes). fmha.attention still runs the Gluon kernel first (this one's
-first call builds it with nvcc); `implementation="cuda"` runs this one.
+a third of the one-wave shapes).
 
-Built with torch's extension loader on first use (nvcc, sm_90a; cached by torch under
-~/.cache/torch_extensions). Where it cannot build or run, `availability` says why and
-fmha.attention runs fmha.kernels.gluon_sparse. Without a GPU or torch's CUDA headers the kernels
-compile alone, with their register report: `nvcc -c -DFMHA_KERNEL_ONLY -Xptxas -v
--gencode=arch=compute_90a,code=sm_90a -std=c++17 fmha/kernels/cuda/sparse_decode.cu`.
-A build that fails is a NotSupportedError with its reason, and fmha.attention runs the next
+Built once per machine into fmha.kernels.build's cache (`python -m fmha.kernels.build`: nvcc,
+sm_90a, about a minute), which every process reads. fmha.attention runs it first wherever it is
+built and runs fmha.kernels.gluon_sparse where it is not (a call never waits for nvcc);
+`implementation="cuda"`, or the kernel `cuda-sparse`, builds it on its first call. Where it
+cannot build or run, `availability` says why. Without a GPU or torch's CUDA headers the kernels
+compile alone, with their register report: `python -m fmha.kernels.build --kernel-only`. A
+build that fails is a NotSupportedError with its reason, and fmha.attention runs the next
 kernel (fmha.kernels.gluon_sparse).
 """
 
@@ -49,11 +49,12 @@ import dataclasses
 import functools
 import hashlib
 import os
-import shutil
+from pathlib import Path
 
 import torch
 
 from fmha.contract import NotSupportedError, implemented_by
+from fmha.kernels import build as builds
 from fmha.kernels import gluon_sparse
 
 SOURCE_DIR = os.path.join(os.path.dirname(__file__), "cuda")
@@ -63,15 +64,7 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DN
 LAYOUT_CODES = {"dsv4-fp8": 1, "dsv4-fp4": 2}
 
 
-def nvcc() -> str | None:
-    """The nvcc torch's loader would use, or None."""
-    from torch.utils import cpp_extension
-
-    home = cpp_extension.CUDA_HOME
-    candidate = os.path.join(home, "bin", "nvcc") if home else None
-    return candidate if candidate and os.path.exists(candidate) else shutil.which("nvcc")
-
-
+nvcc = builds.nvcc
 _BUILD_FAILURE: list[str] = []  # why this process's build failed, once it has
 
 
@@ -81,9 +74,9 @@ def slug(text: str) -> str:
 
 
 def extension_name(kind: str, name: str, source_text: str) -> str:
-    """The torch extension name of a build of `source_text` (this kernel's .cu, patched or edited)
-    called `name` of `kind` ("mutant", "variant"): torch caches builds by name, so the name
-    carries a digest of the content, and one build is never served for another."""
+    """The extension name of a build of `source_text` (this kernel's .cu, patched or edited)
+    called `name` of `kind` ("mutant", "variant"): the name carries a digest of the content, so
+    that one process never takes one build for another."""
     return f"fmha_{kind}_{slug(name)}_{hashlib.sha1(source_text.encode()).hexdigest()[:12]}"
 
 
@@ -93,24 +86,43 @@ def variant_name(name: str, path: str) -> str:
         return extension_name("variant", name, f.read())
 
 
-def build(name: str, source: str = SOURCE):
-    """`source` (this kernel's .cu, or a patched copy of it) built as the extension `name`."""
-    from torch.utils import cpp_extension
+def kernel_build(name: str = "fmha_cuda_sparse", source_text: str | None = None) -> builds.Build:
+    """This kernel's build (fmha.kernels.build), or that of `source_text` (a patched or edited
+    copy of its .cu) as the extension `name`, with the headers beside it."""
+    if source_text is None:
+        with open(SOURCE) as f:
+            source_text = f.read()
+    headers = tuple((path.name, path.read_text()) for path in sorted(Path(SOURCE_DIR).glob("*.cuh")))
+    return builds.Build(name, source_text, headers, NVCC_FLAGS)
 
-    return cpp_extension.load(name=name, sources=[source], extra_include_paths=[SOURCE_DIR],
-                              extra_cuda_cflags=list(NVCC_FLAGS), verbose=bool(os.environ.get("FMHA_VERBOSE_BUILD")))
+
+def cuda_builds() -> list[builds.Build]:
+    """For `python -m fmha.kernels.build` (the `fmha.cuda_builds` entry point "kernels")."""
+    return [kernel_build()]
+
+
+def build(name: str, source: str = SOURCE):
+    """`source` (this kernel's .cu, or a patched copy of it) built as the extension `name`,
+    through the build cache."""
+    with open(source) as f:
+        return builds.load(kernel_build(name, f.read()))
 
 
 @functools.cache
 def module():
-    """The built extension (compiled once per source change, about a minute on 16 cores; later
-    processes load torch's cached build). Built on the first call that runs the kernel, not when
-    a dispatch asks whether it could: every other fmha.attention call stays free of it."""
+    """The built extension: from the build cache (`python -m fmha.kernels.build` fills it once
+    per machine), else built into it now, about a minute on 16 cores. Built on the first call
+    that runs the kernel, not when a dispatch asks whether it could."""
     try:
-        return build("fmha_cuda_sparse")
+        return builds.load(kernel_build())
     except Exception as e:  # say why; fmha.attention runs the next kernel (the Gluon one) from now on
         _BUILD_FAILURE.append(f"its build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})")
         raise NotSupportedError(f"cuda-sparse: {_BUILD_FAILURE[0]}") from e
+
+
+def built() -> bool:
+    """Whether this kernel is in the build cache for this machine's toolchain."""
+    return builds.is_built(kernel_build())
 
 
 def availability(device) -> str | None:
@@ -171,4 +183,14 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, indices, topk_l
 ENTRY = implemented_by("cuda-sparse", attend, CAPABILITIES, availability=availability, default_devices=("cuda",),
                        description="fmha's CUDA C++ sparse-decode kernel alone (DSV4: index-sparse bf16 head dim 512 "
                                    "K = V over FP8 or FP4 caches, sm_90a, a 2-CTA cluster sharing each dequantized "
-                                   "key tile; fmha.attention runs it on Hopper where nvcc can build it)")
+                                   "key tile; fmha.attention runs it first on Hopper where it is built)")
+
+
+def _built_availability(device) -> str | None:
+    return availability(device) or (None if built() else
+                                     "not built on this machine: python -m fmha.kernels.build (fmha.attention does "
+                                     "not make a call wait a minute for nvcc; implementation='cuda' builds it)")
+
+
+# fmha.attention's view of it: first where it is built, skipped where it is not.
+BUILT = dataclasses.replace(ENTRY, availability=_built_availability)

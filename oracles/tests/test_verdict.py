@@ -15,7 +15,6 @@ from fmha.oracles.run_seed import FIXED  # the hand-picked examples below: their
 from fmha.oracles.sample import Sample
 from fmha.oracles.metrics import measure
 from fmha.oracles.verdict import TOLERANCES, judge, two_sided
-from fmha.regressions.traps import TRAPS
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -292,7 +291,8 @@ def test_weights_rounded_to_the_dtype_before_p_v_are_allowed_what_they_cost(dtyp
     rounding alone at 5% of run seeds (fmha on an H200: 3.32x). The oracle's o_squares allows
     that; weights rounded to fp8 (e4m3) still fail. (Where the terms cancel this much, weights
     in bf16 for an fp16 output pass too: the samples without cancellation catch them.)"""
-    case = TRAPS["cores-mn-layout"].cases[0].replace(dtype=dtype)
+    case = Sample(problem=Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=64, dtype=dtype),
+                  distribution="iota_v")  # the named case's sample
     x = case.replace(run_seed=run_seed.for_kernel(seed, "fmha")).inputs()
     oracle = oracle_over(x.q, [Dense(x.k, x.v)], scale=x.sample.scale)
     scales = dict(logit_rms=oracle.logit_rms, oracle_abs=oracle.o_abs)
