@@ -120,9 +120,18 @@ def module():
         raise NotSupportedError(f"cuda-sparse: {_BUILD_FAILURE[0]}") from e
 
 
+@functools.cache
+def _own_entry() -> Path | None:
+    """This kernel's directory in the build cache (None without nvcc): its sources read and
+    hashed once a process, not at every dispatch."""
+    toolchain = builds.toolchain()
+    return None if toolchain is None else builds.entry(kernel_build(), toolchain)
+
+
 def built() -> bool:
     """Whether this kernel is in the build cache for this machine's toolchain."""
-    return builds.is_built(kernel_build())
+    entry = _own_entry()
+    return entry is not None and (entry / builds.DONE).exists()
 
 
 def availability(device) -> str | None:
