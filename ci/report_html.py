@@ -63,6 +63,20 @@ def _pass_fail_colours(limit: float, low: float, high: float):
     return ListedColormap(np.vstack([passing, failing]))
 
 
+def cell_labels(cells: dict, gate: float) -> dict[tuple, str]:
+    """The text of each grid cell (worst_by_cell's): its worst 1 - cosine (✗ past the gate),
+    "raised ✗", or "n/a" where the kernel supports none of the config's runs. A config not in
+    this run has no cell (blank)."""
+    def label(gap) -> str:
+        if gap is None:
+            return "n/a"
+        if gap == RAISED:
+            return "raised ✗"
+        return f"{max(gap, 1e-9):.1e}" + (" ✗" if gap > 1 - gate else "")
+
+    return {key: label(gap) for key, gap in cells.items()}
+
+
 def heatmap(runs: list, kernel: str, gate: float, path: Path, sparse: bool = False) -> Path | None:
     import matplotlib
     matplotlib.use("Agg")
@@ -85,15 +99,10 @@ def heatmap(runs: list, kernel: str, gate: float, path: Path, sparse: bool = Fal
     fig, ax = plt.subplots(figsize=(max(1.15 * len(cols) + 3.2, 6.5), 0.3 * len(rows) + 1.9))
     image = ax.imshow(np.ma.masked_invalid(np.clip(values, low, high)), aspect="auto",
                       cmap=_pass_fail_colours(limit, low, high), norm=LogNorm(vmin=low, vmax=high))
-    for i, j in np.ndindex(values.shape):
-        if (rows[i], cols[j]) not in cells:
-            continue  # not a grid config
-        v = values[i, j]
-        gap = cells[(rows[i], cols[j])]
-        text = "n/a" if np.isnan(v) else "raised ✗" if gap == RAISED else f"{v:.1e}" + (" ✗" if v > limit else "")
-        failing = not np.isnan(v) and v > limit
-        ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white" if failing else "black",
-                fontweight="bold" if failing else "normal")
+    for (row, col), text in cell_labels(cells, gate).items():
+        failing = text.endswith("✗")
+        ax.text(cols.index(col), rows.index(row), text, ha="center", va="center", fontsize=6,
+                color="white" if failing else "black", fontweight="bold" if failing else "normal")
     ax.set_xticks(range(len(cols)), cols, fontsize=7)
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
     grid = "DSV4 sparse-decode grid" if sparse else "dense grid"
@@ -125,9 +134,8 @@ def trend(history: list[dict], kernel: str, gate: float, path: Path) -> Path | N
     right = left.twinx()
     gaps = [max(h["worst_gap"], 1e-9) if h["worst_gap"] is not None else float("nan") for h in nights]
     right.semilogy(x, gaps, "--", color="#777777", linewidth=0.8)
-    # each night's worst 1 - cosine: green at the gate, red past it (a red square is a failing night)
-    right.scatter(x, gaps, marker="s", zorder=3,
-                  c=["#b00020" if gap > 1 - gate else "#1b7a33" for gap in gaps])
+    # each night's worst 1 - cosine: a red square is a failing night, a green one a passing night
+    right.scatter(x, gaps, marker="s", zorder=3, c=["#b00020" if failed(h, gate) else "#1b7a33" for h in nights])
     right.axhline(1 - gate, color="#b00020", linewidth=0.8, linestyle=":")
     right.set_ylabel("worst 1 - cosine", color="#b00020")
     left.set_xticks(list(x), [h["time"][5:16] for h in nights], rotation=30, fontsize=7, ha="right")
@@ -136,6 +144,12 @@ def trend(history: list[dict], kernel: str, gate: float, path: Path) -> Path | N
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def failed(night: dict, gate: float) -> bool:
+    """Whether a kernel's night (a history.jsonl line) failed the gate: a run below it or a run
+    that raised (whose night's worst returned cosine may still be at the gate)."""
+    return bool(night.get("below") or night.get("raised")) or (night["worst_gap"] or 0.0) > 1 - gate
 
 
 def night(tallies: dict, time: str) -> list[dict]:

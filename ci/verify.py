@@ -50,7 +50,7 @@ from fmha.contract import DTYPE_NAMES
 from fmha.properties.catalog import LAWS
 from fmha.properties.feature_cases import FEATURE_CASES, with_dtypes
 from fmha.registry import MERGES
-from fmha.regressions import ledger
+from fmha.regressions import cli, ledger
 from fmha.regressions.traps import named_cases, run_named_case
 from fmha.tables import Table
 
@@ -273,6 +273,7 @@ def main(argv=None) -> int:
     args = parse(parser, argv)
     kernels = selected_kernels(parser, args)
     device = args.fmha_device
+    cli.hypothesis_files_out_of_the_current_directory()
     if args.fmha_seed is None:
         args.fmha_seed = int(os.environ.get(run_seed.ENVIRONMENT) or run_seed.fresh())
     try:

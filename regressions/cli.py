@@ -31,10 +31,23 @@ def _in_checkout() -> bool:
     return os.path.exists(os.path.join(CHECKOUT, "pyproject.toml")) and here.startswith(CHECKOUT + os.sep)
 
 
+def _user_cache(name: str) -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "fmha", name)
+
+
 def _user_rows() -> str:
     """Where a kill matrix run outside fmha's checkout keeps the rows it computed."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "fmha", "kill-matrix-rows.json")
+    return _user_cache("kill-matrix-rows.json")
+
+
+def hypothesis_files_out_of_the_current_directory() -> None:
+    """Outside fmha's checkout, hypothesis keeps its files (the constants it collects from the
+    source it draws for) in the user's cache, not in a .hypothesis/ folder where the command runs."""
+    if not _in_checkout():
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        set_hypothesis_home_dir(_user_cache("hypothesis"))
 
 
 def _default_cases_dir() -> str:
@@ -174,4 +187,5 @@ def main(argv=None) -> int:
         args.dir = _default_cases_dir()
     if args.command == "matrix" and args.out is None and _in_checkout():
         args.out = os.path.join(CHECKOUT, "docs", "kill-matrix.md")
+    hypothesis_files_out_of_the_current_directory()
     return args.run(args)

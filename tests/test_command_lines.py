@@ -58,3 +58,25 @@ def test_verify_and_matrix_outside_the_checkout_leave_nothing_in_the_current_dir
     assert "# Kill matrix" in capsys.readouterr().out
     assert not list(work.iterdir()), sorted(p.name for p in work.iterdir())
     assert (cache / "fmha" / "kill-matrix-rows.json").exists()
+
+
+def test_every_command_the_docs_give_names_a_module_that_runs():
+    """`python -m X` in the README, BENCHMARKS.md and the docs beside the code: X exists in the
+    installed package (oracles/CALIBRATION.md once gave `python -m ci.verify`)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    docs = [root / "README.md", root / "BENCHMARKS.md", *root.glob("docs/*.md"), *root.glob("oracles/*.md")]
+    missing = []
+    for doc in docs:
+        for module in set(re.findall(r"python3? -m ([A-Za-z_][\w.]*)", doc.read_text())):
+            try:
+                spec = importlib.util.find_spec(module)
+            except ModuleNotFoundError:
+                spec = None
+            # the checkout's folders import from its root (ci.verify): a user has fmha.ci.verify
+            in_checkout = spec is not None and root in Path(spec.origin or "").parents and module.split(".")[0] != "fmha"
+            missing += [f"{doc.relative_to(root)}: python -m {module}"] if spec is None or in_checkout else []
+    assert not missing, f"commands whose module does not exist: {missing}"

@@ -214,3 +214,38 @@ def test_verify_and_the_nightly_gate_run_from_the_users_directory(installed):
     for name in re.findall(r"<img class=\"\w+\" src=\"([^\"]+)\"", page) + ["junit.xml", "results.json"]:
         assert (report / name).stat().st_mode & 0o044 == 0o044, f"{name} is missing or not world-readable"
     assert re.findall(r"<img class=\"trend\"", page), page[-2000:]
+
+
+@pytest.mark.cpu_tier
+@pytest.mark.starts_first  # the main job and three pytest sessions of the installed package
+def test_an_honest_narrow_declaration_passes_and_bad_input_is_a_usage_error_from_the_users_directory(installed):
+    """A new user's first hour, from their directory: a correct paged kernel declaring one block
+    size passes the main job (the law it cannot state skips, saying why) and leaves nothing
+    beside it; a known-failures record naming no test, an empty --fmha-cases directory and a
+    plug-in that does not compile each end the session with one paragraph naming what is wrong,
+    no traceback (pytest's usage-error status, 4)."""
+    from test_paged_plugin import VLLM_STYLE
+
+    env, bin_dir, user = installed
+    env = _on_the_cpu(env)
+    work = user.parent / "paged_user"
+    work.mkdir()
+    (work / "vllm_style.py").write_text(VLLM_STYLE)
+    verify = _run([str(bin_dir / "python"), "-m", "fmha.ci.verify", "--fmha-kernel", "vllm_style:pages_of_16"], work, env)
+    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+    assert "Agreement: 0 of 468 ran" in verify.stdout, verify.stdout[:2000]  # paged only: no dense agreement case
+    assert "declares one block size (16): no other size to compare with" in verify.stdout, verify.stdout[-3000:]
+    assert sorted(p.name for p in work.iterdir() if p.name != "__pycache__") == ["vllm_style.py"]
+
+    (work / "misnamed.toml").write_text('[[known_failure]]\nkernel = "vllm_style:pages_of_16"\n'
+                                        'test = "test_kernel_matches_the_oracle"\nreason = "x"\nissue = "x"\n')
+    (work / "no_cases").mkdir()
+    (work / "broken.py").write_text("def fwd(q, k, v,\n    return q\n")
+    for options, says in [(["--fmha-kernel", "vllm_style:pages_of_16", "--fmha-known-failures", "misnamed.toml"],
+                           "test 'test_kernel_matches_the_oracle' names no test of fmha's suite"),
+                          (["--fmha-kernel", "vllm_style:pages_of_16", "--fmha-cases", "no_cases"],
+                           "no_cases: expected trap modules"),
+                          (["--fmha-kernel", "broken:fwd"], "'broken' does not compile")]:
+        run = _run(["pytest", "--pyargs", "fmha", "--collect-only", "-q", "-p", "no:cacheprovider", *options], work, env)
+        assert run.returncode == 4 and says in run.stderr, run.stdout[-2000:] + run.stderr[-2000:]
+        assert "Traceback" not in run.stdout + run.stderr and "INTERNALERROR" not in run.stdout + run.stderr

@@ -158,6 +158,52 @@ def test_an_output_of_nan_or_never_written_is_below_the_gate(tmp_path, monkeypat
     assert all(report_html.worst_by_cell(t.runs)[("hd64 T=1", "S=128")] == 1.0 for t in nightly.tally(records).values())
 
 
+REFUSING = textwrap.dedent('''
+    from fmha.contract import NotSupportedError
+    from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, reference
+
+    def fwd(q, k, v, **kwargs):  # declares every decode, refuses one at call time
+        if q.shape[1] == 1 and k.shape[1] == 100:
+            raise NotSupportedError("no split for 100 keys yet")
+        return reference(q, k, v, **kwargs)
+
+    fwd.capabilities = REFERENCE
+''')
+
+
+def test_a_not_supported_error_at_call_time_is_a_skip_in_the_gate_as_in_pytest(tmp_path, monkeypatch):
+    """The README: a NotSupportedError for a call the capabilities accept is a skip with its
+    reason, never a failure of the gate."""
+    from fmha import registry
+    from fmha.ci import nightly
+    from fmha.properties.grid import GRID
+
+    (tmp_path / "refusing_kernel.py").write_text(REFUSING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kernel = registry.resolve_kernel("refusing_kernel:fwd")
+    configs = [c for c in GRID if c.head_dim == 64 and c.q_len == 1 and c.kv_len in (100, 128)]
+    records = nightly.run_gate([kernel], "cpu", 1, nightly.cases(configs, []), progress=False)
+    refused = [r for r in records if r.where["kv_len"] == 100]
+    assert refused and all(r.outcome == "skipped" and "no split for 100 keys yet" in r.message for r in refused)
+    assert all(r.outcome == "passed" for r in records if r.where["kv_len"] == 128)
+    summary, failing = nightly.summarize(records, None, "# night")
+    assert not failing and "no split for 100 keys yet" in summary, summary
+
+
+def test_the_page_says_n_a_where_nothing_is_supported_and_colours_each_night_by_its_verdict():
+    from fmha.ci import report_html
+
+    gate = 0.999998
+    labels = report_html.cell_labels({("hd64 T=1", "S=128"): 1.2e-6, ("hd64 T=1", "S=100"): None,
+                                      ("hd64 T=4", "S=128"): 3e-6, ("hd64 T=4", "S=100"): report_html.RAISED}, gate)
+    assert labels == {("hd64 T=1", "S=128"): "1.2e-06", ("hd64 T=1", "S=100"): "n/a",
+                      ("hd64 T=4", "S=128"): "3.0e-06 ✗", ("hd64 T=4", "S=100"): "raised ✗"}
+    night = dict(kernel="fmha", time="2026-12-05 03:00", configs=72, at_gate=72, below=0, raised=0, worst_gap=1.6e-6)
+    assert not report_html.failed(night, gate)  # a passing night's square is green, though drawn near the line
+    assert report_html.failed(dict(night, below=1, worst_gap=2.5e-6), gate)
+    assert report_html.failed(dict(night, raised=1), gate)  # raised runs only: its returned runs at the gate
+
+
 def _results(directory) -> list[RunRecord]:
     return [RunRecord.from_json(r) for r in json.loads((directory / "results.json").read_text())["records"]]
 
@@ -171,7 +217,9 @@ def test_three_shards_merged_are_the_unsharded_night(tmp_path, capsys):
     unsharded night once; the merged report is the unsharded one config for config, in its order,
     with the same junit ids and one history line per kernel."""
     from fmha.ci import nightly
+    from fmha.oracles import run_seed
 
+    run_seed.use(run_seed.FIXED)  # the gate's values, as its command draws them
     common = ["--fmha-device", "cpu", "--head-dims", "64"]
     assert nightly.main([*common, "--out", str(tmp_path / "whole")]) == 0
     shard_dirs = [tmp_path / f"shard{i}" for i in (1, 2, 3)]

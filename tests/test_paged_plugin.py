@@ -3,6 +3,7 @@ K/V caches, per-request kv lengths, sinks), plugged in with --fmha-kernel: the w
 runs for it: the dense-key tests skip saying why, contract v2's laws pass. The same kernel
 reading its last partial page whole fails them."""
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -97,6 +98,25 @@ VLLM_STYLE = textwrap.dedent('''
     narrow.capabilities = Capabilities(
         sources=frozenset({"paged", "ragged"}), block_sizes=(16,), head_dims=(128,), split_head_dim_v=False,
         dtypes=(torch.bfloat16, torch.float16), features=frozenset({"causal", "sink", "lse"}))
+
+    def readme_paged(q, k_cache, v_cache, **kwargs):
+        return unified_attention(q, k_cache, v_cache, **kwargs)
+
+    # The README's paged declaration.
+    readme_paged.capabilities = Capabilities(sources=frozenset({"paged", "ragged"}), block_sizes=(16, 64),
+                                             split_head_dim_v=False, q_len_at_most_kv_len=True,
+                                             empty_query_requests=False)
+
+    def readme_dense(q, k, v, **kwargs):  # correct: the float64 reference's arithmetic
+        from fmha.oracles.reference_kernel import reference
+        return reference(q, k, v, **kwargs)
+
+    # The README's dense declaration (flash_fwd's), on the CPU too.
+    readme_dense.capabilities = Capabilities(
+        head_dims={torch.bfloat16: (64, 128, 256), torch.float32: (64, 128)},
+        dtypes=(torch.bfloat16, torch.float32), features=frozenset({"causal", "lse", "gqa", "shared_kv"}),
+        requires=frozenset({"causal"}), q_len_equals_kv_len=True, kv_len_multiple_of=128,
+        promises=frozenset({"bitwise_deterministic"}))
 ''')
 
 
@@ -161,14 +181,29 @@ def test_a_kernel_with_one_block_size_skips_the_block_size_law_saying_why(plugge
     assert "declares one block size (16): no other size to compare with" in out, out[-4000:]
 
 
+HONEST = ["pages_of_16", "narrow", "readme_paged", "readme_dense"]
+
+
 @pytest.mark.nightly  # three runs of the whole suite
-@pytest.mark.parametrize("plugin", ["pages_of_16", "narrow"])
+@pytest.mark.parametrize("plugin", HONEST)
 def test_honest_narrow_declarations_pass_the_whole_suite_at_three_seeds(plugged, plugin):
-    """A correct kernel that declares one block size, one head-size pair and a few features sees
-    skips with its reasons and no failure, whatever values a run draws."""
+    """A correct kernel that declares one block size, one head-size pair and a few features, or
+    the README's declarations, sees skips with its reasons and no failure, whatever values a run
+    draws."""
     for seed in (11, 12, 13):
-        result = plugged.runpytest(str(ROOT / "properties"), str(ROOT / "regressions"), "-p", "no:cacheprovider",
-                                   f"--fmha-kernel=vllm_style:{plugin}", "--fmha-device=cpu", f"--fmha-seed={seed}")
+        result = plugged.runpytest_subprocess("--pyargs", "fmha", "-p", "no:cacheprovider",
+                                              f"--fmha-kernel=vllm_style:{plugin}", "--fmha-device=cpu", f"--fmha-seed={seed}")
         outcomes = result.parseoutcomes()
         assert not outcomes.get("failed") and not outcomes.get("error") and outcomes.get("passed", 0) >= 10, \
             result.stdout.str()[-4000:]
+
+
+@pytest.mark.nightly  # three runs of verify
+@pytest.mark.parametrize("plugin", HONEST)
+def test_honest_narrow_declarations_pass_verify_at_three_seeds(plugged, plugin):
+    """The main job on the same kernels: skips with their reasons, no failure, exit 0."""
+    for seed in (11, 12, 13):
+        result = plugged.run(sys.executable, "-m", "fmha.ci.verify", f"--fmha-kernel=vllm_style:{plugin}",
+                             "--fmha-device=cpu", f"--fmha-seed={seed}", timeout=1200)
+        out = result.stdout.str() + result.stderr.str()
+        assert result.ret == 0, out[-4000:]
