@@ -221,9 +221,11 @@ def test_verify_and_the_nightly_gate_run_from_the_users_directory(installed):
 def test_an_honest_narrow_declaration_passes_and_bad_input_is_a_usage_error_from_the_users_directory(installed):
     """A new user's first hour, from their directory: a correct paged kernel declaring one block
     size passes the main job (the law it cannot state skips, saying why) and leaves nothing
-    beside it; a known-failures record naming no test, an empty --fmha-cases directory and a
-    plug-in that does not compile each end the session with one paragraph naming what is wrong,
-    no traceback (pytest's usage-error status, 4)."""
+    beside it; a kernel refusing a call its declaration admits (NotSupportedError) passes the
+    nightly gate, the refusal a skip with its text; a known-failures record naming no test, an
+    empty --fmha-cases directory and a plug-in that does not compile each end the session with
+    one paragraph naming what is wrong, no traceback (pytest's usage-error status, 4)."""
+    from test_nightly import REFUSING
     from test_paged_plugin import VLLM_STYLE
 
     env, bin_dir, user = installed
@@ -236,6 +238,11 @@ def test_an_honest_narrow_declaration_passes_and_bad_input_is_a_usage_error_from
     assert "Agreement: 0 of 468 ran" in verify.stdout, verify.stdout[:2000]  # paged only: no dense agreement case
     assert "declares one block size (16): no other size to compare with" in verify.stdout, verify.stdout[-3000:]
     assert sorted(p.name for p in work.iterdir() if p.name != "__pycache__") == ["vllm_style.py"]
+
+    (work / "refusing_kernel.py").write_text(REFUSING)
+    gate = _run([str(bin_dir / "python"), "-m", "fmha.ci.nightly", "--fmha-kernel", "refusing_kernel:fwd",
+                 "--head-dims", "64", "--out", str(user.parent / "refusing-report")], work, env)
+    assert gate.returncode == 0 and "no split for 100 keys yet" in gate.stdout, gate.stdout[-3000:] + gate.stderr[-2000:]
 
     (work / "misnamed.toml").write_text('[[known_failure]]\nkernel = "vllm_style:pages_of_16"\n'
                                         'test = "test_kernel_matches_the_oracle"\nreason = "x"\nissue = "x"\n')
