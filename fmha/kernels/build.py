@@ -195,7 +195,8 @@ def _one(build: Build, builder, toolchain_id: str) -> str:
 def build_all(todo: list[Build], builder, toolchain_id: str, jobs: int, report=print) -> int:
     """Build every one of `todo` not yet in the cache, `jobs` processes at a time; the number
     that failed."""
-    if jobs <= 1 or len(todo) <= 1:
+    jobs = min(jobs, len(todo))
+    if jobs <= 1:
         results = [_one(build, builder, toolchain_id) for build in todo]
     else:  # torch's loader keeps state per process: one build a process
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -220,13 +221,12 @@ def main(argv=None) -> int:
               "runs the Triton and Gluon kernels", file=sys.stderr)
         return 0
     todo = builds(args.mutants)
-    # torch's loader runs ninja with a job per core already: a few builds at once fill the machine
-    jobs = max(1, min(args.jobs, len(todo)))
     if args.kernel_only:
         todo = [kernel_only(b) for b in todo]
     print(f"fmha.kernels.build: {len(todo)} build(s) into {cache_root()} with {toolchain_id}", flush=True)
+    # each build is one nvcc process (one .cu): side by side, one per core at most
     return 1 if build_all(todo, compile_kernel_only if args.kernel_only else compile_extension, toolchain_id,
-                          jobs) else 0
+                          args.jobs) else 0
 
 
 if __name__ == "__main__":
