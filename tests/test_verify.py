@@ -86,3 +86,15 @@ def test_the_to_do_list_gives_each_missing_capability_one_line():
     skipped.append(RunRecord("k", "named cases", "some-trap/case", "bf16", "skipped", "no sink"))
     assert to_do(skipped) == ["- k: no sink: 3 agreement, 1 named cases (some-trap)",
                               "- k: Hq=4 unsupported (supports [64]) (and 1 more like it): 3 agreement"]
+
+
+def test_the_header_describes_what_ran(capsys):
+    """With --only, the header names the one case that ran, not the whole agreement set."""
+    from fmha.ci import verify
+    from fmha.properties.feature_cases import FEATURE_CASES, with_dtypes
+
+    first = with_dtypes(FEATURE_CASES)[0].id
+    assert verify.main(["--fmha-kernel", "sdpa-math", "--fmha-device", "cpu", "--law-examples", "0",
+                        "--only", first, "--fmha-seed", "7"]) == 0
+    header = capsys.readouterr().out.split("|")[0]
+    assert f"Agreement: 1 of 1 ran. Only {first}. Values drawn at seed 7" in header, header
