@@ -289,8 +289,7 @@ def test_weights_rounded_to_the_dtype_before_p_v_are_allowed_what_they_cost(dtyp
     """Named case cores-mn-layout averages a ramp V to near 0: weights rounded to the input's
     dtype (FlashAttention's convention, and fmha's fp16 kernel) measured 3.3x to 8.8x the output's
     rounding alone at 5% of run seeds (fmha on an H200: 3.32x). The oracle's o_squares allows
-    that; weights rounded to fp8 (e4m3) still fail. (Where the terms cancel this much, weights
-    in bf16 for an fp16 output pass too: the samples without cancellation catch them.)"""
+    that; weights rounded to fp8 (e4m3) still fail."""
     case = Sample(problem=Problem(batch=1, q_len=1, kv_len=64, heads_q=4, heads_kv=1, head_dim=64, dtype=dtype),
                   distribution="iota_v")  # the named case's sample
     x = case.replace(run_seed=run_seed.for_kernel(seed, "fmha")).inputs()
