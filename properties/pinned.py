@@ -32,6 +32,11 @@ PINNED = {
         # the Gluon and the Triton kernel alike; zeros now compare by value).
         Sample(problem=Problem(batch=1, q_len=44, kv_len=64, heads_q=1, heads_kv=1, head_dim=512, window=1, sink=True),
                distribution='large_logits', seed=484),
+        # V at the edge of fp16's range over 2048 keys: a kernel holding the unnormalised sum
+        # exp(s - m) v in fp16 overflows, scaled or not (llama.cpp's; the law's draws reach it
+        # only when the dice give a long fp16 context).
+        Sample(problem=Problem(batch=1, q_len=1, kv_len=2048, heads_q=1, heads_kv=1, head_dim=64, dtype=torch.float16),
+               distribution='large_v'),
     ],
     # The same case against the oracle: exact values near 1e-39, below bf16's smallest normal,
     # returned as 0 by kernels that flush subnormals (oracles/metrics.py now counts that exact).
