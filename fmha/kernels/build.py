@@ -4,7 +4,7 @@
 
 nvcc takes a minute a build. A runner image, or a CI step before the tests (with the cache
 directory restored and saved), runs this once; every later process and every xdist worker loads
-the built extension in about a second. A build is keyed by what decides its bytes: its sources
+the built extension instead of running nvcc. A build is keyed by what decides its bytes: its sources
 (the .cu and the headers beside it), nvcc's flags, the toolchain (nvcc's version), torch's and
 its CUDA's versions and Python's; a change to any of them is a new entry, built on first use.
 Processes that ask for the same entry at once wait on one lock, and one of them builds it.
