@@ -14,7 +14,6 @@ views with poisoned gaps, runs of -1 a tile long, every code of a quantized form
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import TYPE_CHECKING
 
@@ -268,12 +267,11 @@ def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int, lengths=No
     repeated, source = torch.rand(shape, generator=rows) < sample.repeats, torch.randint(0, topk, shape, generator=rows)
     # By construction, not by chance: in every row that reads two keys or more, the last index
     # it reads repeats the first (a few-key row's random repeats can all land past topk_len or on -1).
-    limits = lengths or (topk,) * B
-    for b, t in itertools.product(range(B), range(T)):
-        read = (~invalid[b, t, :limits[b]]).nonzero().flatten().tolist()
-        if len(read) >= 2:
-            repeated[b, t, read[0]] = False
-            repeated[b, t, read[-1]], source[b, t, read[-1]] = True, read[0]
+    read = ~invalid & (torch.arange(topk) < torch.tensor(lengths or (topk,) * B).view(B, 1, 1))
+    b, t = (read.sum(-1) >= 2).nonzero(as_tuple=True)
+    first, last = read[b, t].int().argmax(-1), topk - 1 - read[b, t].flip(-1).int().argmax(-1)
+    repeated[b, t, first] = False
+    repeated[b, t, last], source[b, t, last] = True, first
     return order, invalid, (repeated, source)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fmha.kernels import cuda_sparse
+from fmha.kernels import build, cuda_sparse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,12 +38,12 @@ def test_the_dsv4_tiles_and_the_v2_kernel_compile_for_hopper_and_fit_shared_memo
     assert len(triton_and_gluon) == 3 and "v2 DSV4 sparse decode, FP8 + FP4 scopes, Gluon" in run.stdout, run.stdout
     # and the CUDA kernel's two instances, where nvcc is installed
     cuda = [line for line in run.stdout.splitlines() if line.startswith("v2 DSV4 sparse decode, CUDA")]
-    assert len(cuda) == (2 if cuda_sparse.nvcc() else 1) and "SPILLS" not in run.stdout, run.stdout
+    assert len(cuda) == (2 if build.nvcc() else 1) and "SPILLS" not in run.stdout, run.stdout
 
 
 def _check_patched_cuda_kernel(tmp_path, old: str, new: str) -> subprocess.CompletedProcess:
     """compile_check's CUDA lines for the kernel's source with `old` replaced by `new`."""
-    if cuda_sparse.nvcc() is None:
+    if build.nvcc() is None:
         pytest.skip("no nvcc: the CUDA kernel is compiled only where nvcc is installed")
     source = Path(cuda_sparse.SOURCE).read_text()
     assert source.count(old) == 1, f"the kernel no longer has {old!r}"

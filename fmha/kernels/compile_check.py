@@ -200,10 +200,10 @@ def main(argv=None) -> int:
 
 def _check_cuda_sparse(source: str | None = None) -> int:
     """Print the CUDA kernel's instances; the number that do not build or spill."""
-    from fmha.kernels import cuda_sparse
+    from fmha.kernels import build
 
     what = "v2 DSV4 sparse decode, CUDA"
-    if cuda_sparse.nvcc() is None:
+    if build.nvcc() is None:
         print(f"{what}: not compiled: no nvcc (set CUDA_HOME or put nvcc on PATH)", flush=True)
         return 0
     try:

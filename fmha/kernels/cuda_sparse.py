@@ -64,7 +64,6 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DN
 LAYOUT_CODES = {"dsv4-fp8": 1, "dsv4-fp4": 2}
 
 
-nvcc = builds.nvcc
 _BUILD_FAILURE: list[str] = []  # why this process's build failed, once it has
 
 

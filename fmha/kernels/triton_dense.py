@@ -42,7 +42,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from fmha.contract import Capabilities, implemented_by
 from fmha.kernels import host
 from fmha.kernels.host import key_operand
-from fmha.kernels.triton_utils import interpreting, mma, pv_mode, round_for_bf16, triton_availability
+from fmha.kernels.triton_utils import mma, pv_mode, round_for_bf16, triton_availability, upcast_under_interpreter
 
 HEAD_DIMS = tuple(range(16, 513, 16))
 
@@ -313,7 +313,7 @@ def launch(problem, q, k, v, sink, target, target_lse, *, window, qk_scale, keys
     S, G = problem.kv_len, problem.group
     row_blocks = triton.cdiv(T * G, tiles["BLOCK_M"])
     dv_blocks = triton.cdiv(problem.head_dim_v, tiles["BLOCK_DV"])
-    upcast = interpreting() and q.dtype in (torch.bfloat16, torch.float16)
+    upcast = upcast_under_interpreter(q.dtype)
     grid = (row_blocks, B * (HQ // G), target.shape[0] * dv_blocks)
     k_desc = _key_descriptor(k, tiles["BLOCK_N"], tiles["BLOCK_D"])
     v_desc = k_desc if tiles["V_FROM_K"] else _key_descriptor(v, tiles["BLOCK_N"], tiles["BLOCK_DV"])

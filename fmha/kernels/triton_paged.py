@@ -39,7 +39,7 @@ from fmha.contract import CACHE_LAYOUTS, Capabilities, implemented_by
 from fmha.kernels.host import LOG2E
 from fmha.kernels.triton_dense import HEAD_DIMS
 from fmha.kernels.triton_merge import merge_into
-from fmha.kernels.triton_utils import interpreting, mma, pv_mode, round_for_bf16, triton_availability
+from fmha.kernels.triton_utils import mma, pv_mode, round_for_bf16, triton_availability, upcast_under_interpreter
 
 # The window a causal call without one gets: a runtime value past every key distance, so
 # causal calls with and without a window share one compile.
@@ -411,7 +411,7 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=Non
     k2 = extra_k_cache if two else k
     grid_m = triton.cdiv(G if sparse else T * G, tiles["BLOCK_M"])
     grid = (grid_m, (B * T if sparse else B) * problem.heads_kv, n_splits)
-    upcast = interpreting() and q.dtype in (torch.bfloat16, torch.float16)
+    upcast = upcast_under_interpreter(q.dtype)
     _sources_fwd[grid](
         q, k, v, k2, sink if sink is not None else q, target, target_lse,
         given(block_table), given(kv_lens), given(cu_seqlens_q), given(indices), given(topk_len),

@@ -11,6 +11,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def upcast_under_interpreter(dtype: torch.dtype) -> bool:
+    """Whether `mma` computes in fp32 (UPCAST): bf16 and fp16 under the interpreter, whose bf16
+    arithmetic works on the bits and whose fp16 dot sums in fp16."""
+    return interpreting() and dtype in (torch.bfloat16, torch.float16)
+
+
 def triton_availability(device) -> str | None:
     """Why fmha's Triton kernels cannot take tensors on `device` in this process, or None: a
     process that compiles for the GPU cannot run them on CPU tensors."""
