@@ -2,8 +2,11 @@
 the test that caused it, not every test after it. Each test gives its cached memory back.
 
 - Pinning: under `pytest -n auto` worker gwN runs on GPU N mod (number of GPUs); the GPU
-  index is recorded on every test report (a JUnit XML property). The workers on one GPU
-  share 70% of its memory evenly (`torch.cuda.set_per_process_memory_fraction`).
+  index is recorded on every test report (a JUnit XML property).
+- Sizing (fmha.ci.gpu_sizing): from the memory free when the session starts, `-n auto` starts
+  no more workers than the GPUs hold (one a core at most), the workers on one GPU share 70% of
+  it evenly (`torch.cuda.set_per_process_memory_fraction`), and a share smaller than the one the
+  draw budgets were measured at scales them down. The header says the plan.
 - Poisoned context: after a failed test on CUDA the plugin synchronizes and runs a tiny op.
   If that raises (an illegal memory access leaves the context unusable for the rest of the
   process), the failure gets a section saying so, and the worker exits once the test's
@@ -27,18 +30,20 @@ import traceback
 import pytest
 import torch
 
+from fmha.ci import gpu_sizing
 from fmha.ci.compile_stats import CompileStats
 from fmha.properties.run_settings import DEVICE
+from fmha.regressions import selection
 
 POISONED_SECTION = "fmha: CUDA context"
 WORKER_EXIT_CODE = 3
 GPU = pytest.StashKey[int | None]()  # the GPU this process's tests run on (None: not pinned)
-# What the workers on one GPU may hold together in PyTorch's allocator, split evenly; the rest
-# is their CUDA contexts and compiled modules (about 1 GB a worker: at 16 x 7.97 GB allocated
-# an H200 showed 143 GB in use). Without a cap each worker's cache grew to its
-# largest draw: under the nightly profile 16 workers held 8.5 GB each, the GPU ran out and 51
-# tests failed. At the cap the allocator gives its cache back and retries before it raises.
-GPU_MEMORY_SHARE = 0.7
+# Without a cap on each worker's allocator its cache grew to its largest draw: under the nightly
+# profile 16 workers held 8.5 GB each, the GPU ran out and 51 tests failed. At the cap the
+# allocator gives its cache back and retries before it raises.
+PLAN = pytest.StashKey[gpu_sizing.GpuPlan]()
+SHARE_INPUT = "fmha_gpu_share_bytes"  # the controller's plan, as each worker gets it
+_BUDGETS_FITTED: list = []  # the plan this process's draw budgets were fitted to
 POISONED = pytest.StashKey[str]()  # on a test item: the error its failure left the context with
 
 
@@ -57,16 +62,83 @@ def cuda_context_error() -> str | None:
 def pytest_configure(config):
     config.stash[GPU] = None
     config.pluginmanager.register(CrashReasons(), "fmha-crash-reasons")
-    if config.stash[DEVICE] == "cuda":
-        stats = CompileStats()
-        stats.install()
-        config.pluginmanager.register(stats, "fmha-compile-stats")
+    if config.stash[DEVICE] != "cuda":
+        return
+    stats = CompileStats()
+    stats.install()
+    config.pluginmanager.register(stats, "fmha-compile-stats")
     workerinput = getattr(config, "workerinput", None)
-    if config.stash[DEVICE] == "cuda" and workerinput is not None:
+    if workerinput is None:  # the controller, or a session without xdist
+        config.stash[PLAN] = _plan(_workers(config))
+    else:
         config.stash[GPU] = int(workerinput["workerid"].removeprefix("gw")) % torch.cuda.device_count()
         torch.cuda.set_device(config.stash[GPU])
         sharing = -(-int(workerinput["workercount"]) // torch.cuda.device_count())
-        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / sharing)
+        total = torch.cuda.get_device_properties(config.stash[GPU]).total_memory
+        config.stash[PLAN] = gpu_sizing.GpuPlan(sharing, int(workerinput[SHARE_INPUT]), total)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, config.stash[PLAN].fraction))
+    if not _BUDGETS_FITTED:  # once a process: a session run inside a test's (pytester) keeps its draws
+        from fmha.properties import strategies  # hypothesis's: a session that draws has it
+
+        strategies.fit_cuda_budgets(config.stash[PLAN].budget_scale)
+        _BUDGETS_FITTED.append(config.stash[PLAN])
+
+
+def _free_memory() -> tuple[int, int]:
+    """(free, total) bytes of the GPU with the least free memory."""
+    return min(torch.cuda.mem_get_info(i) for i in range(torch.cuda.device_count()))
+
+
+def _workers(config) -> int:
+    """xdist workers this session starts (0 without xdist)."""
+    return int(getattr(config.option, "numprocesses", 0) or 0)
+
+
+def _plan(workers: int) -> gpu_sizing.GpuPlan:
+    free, total = _free_memory()
+    return gpu_sizing.plan(free, total, -(-max(1, workers) // torch.cuda.device_count()))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` on a CUDA session: xdist's count (a core a worker), fewer where the GPUs'
+    free memory holds fewer workers (fmha.ci.gpu_sizing)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # the user's count, as xdist reads it
+    try:
+        if selection.device(config.getoption("--fmha-device")) != "cuda":
+            return None
+    except ValueError:
+        return None  # a usage error, raised with its message at configure
+    cores = _cores(config)
+    free, _ = _free_memory()
+    gpus = torch.cuda.device_count()
+    return min(cores, gpu_sizing.most_workers(free, -(-cores // gpus)) * gpus)
+
+
+def _cores(config) -> int:
+    """What xdist's own `-n auto` counts: physical cores (logical with `-n logical`) where psutil
+    is installed, else the cores this process may run on."""
+    try:
+        import psutil
+
+        count = psutil.cpu_count(logical=config.option.numprocesses == "logical")
+    except ImportError:
+        count = None
+    return count or len(os.sched_getaffinity(0))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    plan = node.config.stash.get(PLAN, None)
+    if plan is not None:
+        node.workerinput[SHARE_INPUT] = plan.share_bytes
+
+
+def pytest_report_header(config):
+    plan = config.stash.get(PLAN, None)
+    if plan is not None:
+        return f"fmha: GPU memory plan: {plan.describe()} (fmha.ci.gpu_sizing)"
 
 
 def pytest_runtest_setup(item):

@@ -245,9 +245,9 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
         check = example(sample=sample)(check)
     # No explain phase: the lines it names are the judge's (oracles/check.py); a failure names
     # the kernel under test instead (below).
-    base = settings if settings is not None else hypothesis.settings()
-    try:
-        hypothesis.settings(base, phases=[p for p in base.phases if p != Phase.explain])(check)()
+    base = settings if settings is not None else hypothesis.settings(deadline=None)
+    try:  # never a deadline: a kernel's first call compiles it
+        hypothesis.settings(base, phases=[p for p in base.phases if p != Phase.explain], deadline=None)(check)()
     except (Flaky, BaseExceptionGroup) as e:  # failures hypothesis could not replay, or several at once
         if nondeterministic:
             raise AssertionError(nondeterministic[0]) from e

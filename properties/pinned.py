@@ -88,6 +88,23 @@ PINNED = {
         Sample(problem=Problem(batch=1, q_len=1, kv_len=2049, heads_q=1, heads_kv=1, head_dim=64, causal=True),
                distribution='flat'),
     ],
+    # Keys of a quantized cache at scale 2^96 beside an outlier, every logit near -1e38: a
+    # representable logit whose dot product (times 512^0.5) is not. cuda-sparse, gluon-sparse and
+    # the Triton paged kernel summed the dot in fp32 before the scale, read -inf and returned the
+    # row as empty (o = 0, lse = -inf); q is now scaled by a power of two first (triton_utils.q_unit).
+    "sparse_calls_agree_with_the_oracle": [
+        Sample(problem=Problem(batch=1, q_len=1, kv_len=1, heads_q=1, heads_kv=1, head_dim=512, shared_kv=True,
+                               source='sparse', block_size=1, cache_layout='dsv4-fp8'),
+               distribution='negative_logits', cache_exponent=96, outliers=True, run_seed=1),
+    ],
+    # The same over two scopes, half the indices -1 (H200 random draw).
+    "two_scope_calls_agree_with_the_oracle": [
+        Sample(problem=Problem(batch=1, q_len=1, kv_len=1, heads_q=1, heads_kv=1, head_dim=512, shared_kv=True,
+                               source='sparse', block_size=1, cache_layout='dsv4-fp8', extra_topk=1, extra_block_size=1,
+                               extra_cache_layout='dsv4-fp4'),
+               distribution='negative_logits', invalid=0.5, repeats=0.25, cache_exponent=96, outliers=True,
+               run_seed=130656416556592),
+    ],
     # The same cancellation, keys permuted (H200 and CPU alike).
     "key_permutation_invariant": [
         Sample(problem=Problem(batch=160, q_len=15, kv_len=1, heads_q=1, heads_kv=1, head_dim=32, sink=True,

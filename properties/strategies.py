@@ -46,12 +46,24 @@ DEFAULT_HEAD_DIMS = tuple(range(16, 513, 16))
 # B * Hq * T * (D + Dv), the float64 Q and O (the work budget bounds it on the CPU; on a GPU
 # few keys let 160 x 64 heads x 300 queries x 1024 dims through: 12 GB of float64 Q, and the
 # nightly profile's draws filled every worker's 8 GB share). At 2^27 each a
-# law's runs and oracles still passed a worker's 6.1 GB share (0.7 of an H200 over 16): 2^26.
+# law's runs and oracles still passed a worker's 6.1 GB share (0.7 of an H200 over 16): 2^26 for
+# keys. Rows 2^25: a law that compares two outputs measures them in float64 a dozen times over (33
+# x 150 queries x 24 heads, head dims 32 and 416, 2^25.7 rows, held 6.0 GB and ran out).
+# Those are CUDA's budgets at that share; a GPU job on a card with less memory a worker scales
+# the memory budgets down (fit_cuda_budgets, from fmha.ci.gpu_sizing).
 WORK_BUDGET = {"cpu": 4e7, "cuda": 4e10}
 LOGIT_BUDGET = {"cpu": 2**22, "cuda": 2**24}
 TILE_BUDGET = {"cpu": 48, "cuda": 1e9}
 KEY_BUDGET = {"cpu": 4e7, "cuda": 2**26}
-ROW_BUDGET = {"cpu": 4e7, "cuda": 2**26}
+ROW_BUDGET = {"cpu": 4e7, "cuda": 2**25}
+MEASURED_ON_CUDA = tuple((budget, budget["cuda"]) for budget in (LOGIT_BUDGET, KEY_BUDGET, ROW_BUDGET))
+
+
+def fit_cuda_budgets(scale: float) -> None:
+    """The CUDA memory budgets (logits, keys, rows) at `scale` (<= 1) of those measured; set
+    once per process, before any draw."""
+    for budget, measured in MEASURED_ON_CUDA:
+        budget["cuda"] = int(measured * min(1.0, scale))
 
 
 def call_cost(device: str, batch, heads_q, q_len, kv_len, head_dim, head_dim_v) -> float:

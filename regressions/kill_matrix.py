@@ -78,7 +78,7 @@ def ci_settings(max_examples: int | None = None):
     register_profiles()
     profile = settings.get_profile("fmha-ci")
     return settings(profile, max_examples=max_examples or profile.max_examples, phases=[Phase.explicit, Phase.generate],
-                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck), deadline=None)
 
 
 def law_failure(entry, law, device: str, max_examples: int | None = None) -> str | None:

@@ -285,3 +285,49 @@ def test_the_page_check_sees_what_is_gone():
     text = "The oracle lives in oracles/key_sources.py (`oracle.oracle_over`, `nightly.no_such_step`).\n"
     assert _missing_paths(text) == ["oracles/key_sources.py"]
     assert _missing_functions(text) == ["nightly.no_such_step"]
+
+
+# -- no hypothesis deadline ----------------------------------------------------------------------
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def _settings_calls(tree: ast.Module) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and (
+        isinstance(node.func, ast.Name) and node.func.id == "settings"
+        or isinstance(node.func, ast.Attribute) and node.func.attr == "settings"
+        and isinstance(node.func.value, ast.Name) and node.func.value.id == "hypothesis")]
+
+
+def _with_a_deadline(tree: ast.Module) -> list[int]:
+    """Lines of hypothesis `settings(...)` calls that may keep hypothesis's 200 ms deadline: no
+    `deadline=None`, and no parent that is a module-level name bound to a call that has it. (A
+    kernel's first call compiles it: a deadline fails it for the compile, as one once did on a GPU.)"""
+    parents = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+               for target in node.targets if isinstance(target, ast.Name) and isinstance(node.value, ast.Call)}
+
+    def without(call: ast.Call, seen=()) -> bool:
+        if any(k.arg == "deadline" and isinstance(k.value, ast.Constant) and k.value.value is None
+               for k in call.keywords):
+            return False
+        parent = call.args[0] if call.args else None
+        if isinstance(parent, ast.Name) and parent.id in parents and parent.id not in seen:
+            return without(parents[parent.id], (*seen, parent.id))
+        return True
+
+    return [call.lineno for call in _settings_calls(tree) if without(call)]
+
+
+def test_no_hypothesis_settings_keeps_a_deadline():
+    paths = [p for p in REPOSITORY.rglob("*.py")
+             if not any(part.startswith(".") for part in p.relative_to(REPOSITORY).parts)]
+    assert len(paths) > 100, f"read {len(paths)} files from {REPOSITORY}"
+    found = {str(p.relative_to(REPOSITORY)): lines for p in paths
+             if (lines := _with_a_deadline(ast.parse(p.read_text())))}
+    assert not found, f"hypothesis settings without deadline=None (file: lines): {found}"
+
+
+def test_the_deadline_check_sees_a_settings_without_deadline_none():
+    tree = ast.parse("QUICK = settings(max_examples=3, deadline=None)\nSLOW = settings(max_examples=3)\n"
+                     "a = settings(QUICK, phases=[])\nb = settings(SLOW, phases=[])\nc = hypothesis.settings()\n")
+    assert _with_a_deadline(tree) == [2, 4, 5]

@@ -148,7 +148,7 @@ def test_rows_with_no_key(sample, cuda_hopper):
 
 
 @GPU
-@settings(max_examples=25)
+@settings(max_examples=25, deadline=None)
 @given(data=paged_samples(cuda_sparse.CAPABILITIES, "cuda", kinds=("sparse",)))
 def test_random_sparse_draws_against_the_oracle(data, device):
     if cuda_sparse.availability(device):

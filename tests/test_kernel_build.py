@@ -5,7 +5,6 @@ build killed halfway; then the real command, kernel-only, where nvcc is installe
 fmha.attention's order: the CUDA kernel first where it is built, skipped where it is not."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

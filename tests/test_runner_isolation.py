@@ -4,6 +4,7 @@ own test; the tests after them pass. Run as a nested pytest session in a subproc
 
 import re
 import textwrap
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -72,3 +73,35 @@ def test_without_xdist_a_poisoned_context_stops_the_session_with_the_reason(pyte
     output = result.stdout.str()
     assert _failed_tests(output) == {"test_session.py::test_0_bad_kernel"}, output[-4000:]
     assert "CUDA context poisoned by test_session.py::test_0_bad_kernel" in output, output[-4000:]
+
+
+CRASHING_SESSION = textwrap.dedent('''
+    import os
+    import signal
+    import sys
+
+    def test_dies():
+        print("the last words through sys.stderr", file=sys.stderr, flush=True)
+        os.write(2, b"the last words through file descriptor 2\\n")
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    def test_lives():
+        pass
+''')
+
+
+@pytest.mark.cpu_tier  # a worker's death is reported alike whatever the device
+def test_a_worker_that_dies_leaves_its_signal_test_and_stderr_in_the_summary_and_the_junit_xml(pytester):
+    pytester.makepyfile(test_session=CRASHING_SESSION)
+    report = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", f"--junitxml={report}")
+    output = result.stdout.str()
+    assert result.parseoutcomes().get("passed") == 1 and _failed_tests(output) == {"test_session.py::test_dies"}, output
+    case = ET.parse(report).getroot().find(".//testcase[@name='test_dies']")
+    junit = "".join(text for failed in case if failed.tag in ("failure", "error")
+                    for text in (failed.get("message", ""), *failed.itertext()))
+    for where, text in (("the terminal", output), ("the JUnit XML", junit)):
+        for said in ("crashed while running 'test_session.py::test_dies'", "killed by SIGSEGV",
+                     "Fatal Python error: Segmentation fault", "in test_dies",
+                     "the last words through sys.stderr", "the last words through file descriptor 2"):
+            assert said in text, f"{where} does not say {said!r}:\n{text[-3000:]}"

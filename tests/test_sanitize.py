@@ -108,23 +108,23 @@ def test_memcheck_finds_a_read_one_entry_past_the_block_table_at_its_source_line
 def test_a_race_is_matched_to_a_record_by_both_of_its_source_lines():
     report = textwrap.dedent("""\
         fmha-sanitize-case: t/c
-        ========= Error: Race reported between Read access at _sparse_fwd+0x1000 in /x/gluon_sparse.py:321
-        =========     and Write access at _sparse_fwd+0xb720 in /x/gluon_dense.py:142 [4 hazards]
         ========= Error: Race reported between Read access at _sparse_fwd+0x1000 in /x/gluon_sparse.py:322
+        =========     and Write access at _sparse_fwd+0xb720 in /x/gluon_dense.py:142 [4 hazards]
+        ========= Error: Race reported between Read access at _sparse_fwd+0x1000 in /x/gluon_sparse.py:323
         =========     and Write access at _sparse_fwd+0xb720 in /x/gluon_dense.py:142 [4 hazards]
         """)
     findings = sanitize.parse_report(report, "gluon-sparse", "racecheck")
-    assert [f.lines for f in findings] == ["gluon_sparse.py:321 <-> gluon_dense.py:142",
-                                           "gluon_sparse.py:322 <-> gluon_dense.py:142"]
+    assert [f.lines for f in findings] == ["gluon_sparse.py:322 <-> gluon_dense.py:142",
+                                           "gluon_sparse.py:323 <-> gluon_dense.py:142"]
     assert ledger.known_failure(ledger.LEDGER, "gluon-sparse", "sanitize:racecheck", "cuda", findings[0].lines)
     assert not ledger.known_failure(ledger.LEDGER, "gluon-sparse", "sanitize:racecheck", "cuda", findings[1].lines)
 
 
 # compute-sanitizer's racecheck report on fmha's CUDA kernel (an H200), at the current source's lines
 _CUDA_RACE = ("Read access at void <unnamed>::second_half_warpgroup<(int)1>(const <unnamed>::Params &, unsigned "
-              "char *, int, int, int, int)+0x3dc0 in /x/sparse_decode.cu:855",
+              "char *, int, int, int, int)+0x3dc0 in /x/sparse_decode.cu:872",
               "and Write access at void <unnamed>::softmax_warpgroup<(int)1>(const <unnamed>::Params &, unsigned char "
-              "*, int, int, int, int)+0xc9a0 in /x/sparse_decode.cu:782 [496 hazards]")
+              "*, int, int, int, int)+0xc9a0 in /x/sparse_decode.cu:799 [496 hazards]")
 
 
 @pytest.mark.parametrize("one_line", (False, True), ids=("continued", "one-line"))
@@ -135,7 +135,7 @@ def test_a_race_in_a_cuda_kernel_is_read_through_its_demangled_signatures(one_li
     body = f"{first} {other}" if one_line else f"{first}\n=========     {other}"
     findings = sanitize.parse_report(f"fmha-sanitize-case: t/c\n========= Error: Race reported between {body}\n",
                                      "cuda-sparse", "racecheck")
-    assert [f.lines for f in findings] == ["sparse_decode.cu:855 <-> sparse_decode.cu:782"], findings
+    assert [f.lines for f in findings] == ["sparse_decode.cu:872 <-> sparse_decode.cu:799"], findings
     assert ledger.known_failure(ledger.LEDGER, "cuda-sparse", "sanitize:racecheck", "cuda", findings[0].lines)
 
 

@@ -119,7 +119,7 @@ def _table(built: dict, shape_filter: list[str]) -> None:
         for module in built.values():
             o = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=torch.bfloat16, device="cuda")
 
-            def run(module=module, o=o):
+            def run(module=module, o=o, x=x):
                 return cuda_sparse.attend(p, x["q"], x["k_cache"], x["k_cache"], sink=x["sink"], out=o,
                                           indices=x["indices"], extra_k_cache=x["extra_k_cache"],
                                           extra_indices=x["extra_indices"], extension=lambda: module)

@@ -63,7 +63,7 @@ def check_attention_args(
     else:
         fields = _dense_fields(q, k, v)
     _check_scalars(scale, causal, window)
-    Hq, Dv = fields["heads_q"], fields["head_dim_v"]
+    Hq = fields["heads_q"]
     if sink is not None:
         if not isinstance(sink, torch.Tensor):
             fail(f"sink: expected a float32 tensor of shape ({Hq},), got {_type(sink)}")

@@ -91,7 +91,7 @@ def compile_sources(problem: Problem) -> tuple[dict, int, int, int]:
     cache = lambda layout: "*u8" if layout else f"*{ty}"  # noqa: E731
     types = dict(Q=f"*{ty}", K=cache(problem.cache_layout), V=cache(problem.cache_layout),
                  K2=cache(problem.extra_cache_layout or problem.cache_layout), SINK="*fp32", O=f"*{ty}",
-                 LSE="*fp32", qk_scale="fp32",
+                 LSE="*fp32", qk_scale="fp32", q_unit="fp32",
                  **{name: "*i32" for name in ("BT", "KV_LENS", "CU_Q", "IDX", "TOPK_LEN", "IDX2", "TOPK_LEN2")})
     constants = triton_paged.specialization(problem, tiles, upcast=False)
     options = {k: constants.pop(k) for k in ("num_warps", "num_stages")}
@@ -107,10 +107,11 @@ def compile_gluon_sparse(problem: Problem) -> tuple[int, int, int]:
     cache = lambda layout: "*u8" if layout else "*bf16"  # noqa: E731
     types = dict(Q="*bf16", K1=cache(problem.cache_layout),
                  K2=cache(problem.extra_cache_layout or problem.cache_layout), SINK="*fp32", O="*bf16", LSE="*fp32",
-                 qk_scale="fp32",
+                 qk_scale="fp32", q_unit="fp32",
                  **{name: "*i32" for name in ("IDX1", "IDX2", "TOPK_LEN1", "TOPK_LEN2")})
     aligned = [name for name in gluon_sparse._sparse_fwd.arg_names
-               if name in types and name != "qk_scale" or name.startswith(("stride_q", "stride_o", "stride_k"))]
+               if name in types and name not in ("qk_scale", "q_unit")
+               or name.startswith(("stride_q", "stride_o", "stride_k"))]
     return _compile(GluonASTSource, gluon_sparse._sparse_fwd, types, gluon_sparse.specialization(problem),
                     {"num_warps": 4}, aligned)
 

@@ -147,7 +147,7 @@ def _device_availability(device) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) != (9, 0):
         return f"needs a Hopper GPU (sm_90a: wgmma, clusters), this one is sm_{major}{minor}"
-    if nvcc() is None:
+    if builds.nvcc() is None:
         return "no nvcc to build it with (set CUDA_HOME or put nvcc on PATH)"
     return None
 

@@ -42,6 +42,7 @@ from fmha.kernels import gluon_dense as dense
 from fmha.contract import CACHE_LAYOUTS, Capabilities, implemented_by
 from fmha.kernels.host import LOG2E
 from fmha.kernels.triton_paged import LAYOUT_CODES, decode_ue8m0
+from fmha.kernels.triton_utils import q_unit
 
 if dense.IMPORT_ERROR is None:
     from triton.experimental import gluon
@@ -343,7 +344,7 @@ if dense.IMPORT_ERROR is None:
         stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
         stride_k1b, stride_k1s, stride_k1h, stride_k2b, stride_k2s, stride_k2h,
         stride_i1b, stride_i1t, stride_i2b, stride_i2t,
-        T, HQ, G, qk_scale, block_size1, block_size2, topk1, topk2, has_topk_len1, has_topk_len2,
+        T, HQ, G, qk_scale, q_unit, block_size1, block_size2, topk1, topk2, has_topk_len1, has_topk_len2,
         LAYOUT1: gl.constexpr, LAYOUT2: gl.constexpr, TWO_SCOPES: gl.constexpr, HAS_SINK: gl.constexpr,
     ):
         row0 = gl.program_id(0) * ROWS
@@ -364,7 +365,8 @@ if dense.IMPORT_ERROR is None:
                 n_keys2 = gl.load(TOPK_LEN2 + b)
             n_tiles += gl.cdiv(n_keys2, BLOCK_N)
 
-        # q (the row's heads, any strides) into shared memory once, in two head-dim chunks.
+        # q (the row's heads, any strides) into shared memory once, in two head-dim chunks, times
+        # q_unit (fmha.kernels.triton_utils.q_unit: q.k would overflow fp32 before the scale).
         q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, CHUNK], gl.bfloat16)
         q_s = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, CHUNK], tile_layout)
@@ -372,7 +374,8 @@ if dense.IMPORT_ERROR is None:
         q_rows = Q + b * stride_qb + t * stride_qt + (kvh * G + rows)[:, None] * stride_qh
         for c in gl.static_range(2):
             cols = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_layout))
-            q_s.index(c).store(gl.load(q_rows + cols[None, :], mask=(rows < G)[:, None], other=0.0))
+            q_chunk = gl.load(q_rows + cols[None, :], mask=(rows < G)[:, None], other=0.0)
+            q_s.index(c).store((q_chunk.to(gl.float32) * q_unit).to(gl.bfloat16))
         fence_async_shared()
 
         key_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], gl.bfloat16)
@@ -444,6 +447,8 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, indices, topk_l
     k2, idx2 = (extra_k_cache, extra_indices) if two else (k, indices)
     dummy = indices  # for a length the call does not give: never read
     grid = (triton.cdiv(G, ROWS.value), B * T * problem.heads_kv)
+    qk_scale = (problem.head_dim**-0.5 if scale is None else float(scale)) * LOG2E
+    unit = q_unit(qk_scale, q.dtype)
     _sparse_fwd[grid](
         q, k, k2, indices, idx2, dummy if topk_len is None else topk_len,
         dummy if extra_topk_len is None else extra_topk_len, q if sink is None else sink, o, lse,
@@ -451,7 +456,7 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, indices, topk_l
         lse.stride(0), lse.stride(1), lse.stride(2),
         k.stride(0), k.stride(1), k.stride(2), k2.stride(0), k2.stride(1), k2.stride(2),
         indices.stride(0), indices.stride(1), idx2.stride(0), idx2.stride(1),
-        T, HQ, G, (problem.head_dim**-0.5 if scale is None else float(scale)) * LOG2E,
+        T, HQ, G, qk_scale / unit, unit,
         problem.block_size, problem.extra_block_size or 1, problem.kv_len, problem.extra_topk or 0,
         int(topk_len is not None), int(extra_topk_len is not None),
         num_warps=4, **specialization(problem),

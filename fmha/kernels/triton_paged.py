@@ -39,7 +39,8 @@ from fmha.contract import CACHE_LAYOUTS, Capabilities, implemented_by
 from fmha.kernels.host import LOG2E
 from fmha.kernels.triton_dense import HEAD_DIMS
 from fmha.kernels.triton_merge import merge_into
-from fmha.kernels.triton_utils import mma, pv_mode, round_for_bf16, triton_availability, upcast_under_interpreter
+from fmha.kernels.triton_utils import (mma, pv_mode, q_unit, round_for_bf16, triton_availability,
+                                       upcast_under_interpreter)
 
 # The window a causal call without one gets: a runtime value past every key distance, so
 # causal calls with and without a window share one compile.
@@ -254,7 +255,7 @@ def _sources_fwd(
     stride_lt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_k2b, stride_k2s, stride_k2h,
     stride_btb, stride_ib, stride_it, stride_i2b, stride_i2t,
-    T, HQ, G, WINDOW, qk_scale, D, DV, block_size, block_size2, topk, topk2, keys_per_split,
+    T, HQ, G, WINDOW, qk_scale, q_unit, D, DV, block_size, block_size2, topk, topk2, keys_per_split,
     has_sink, has_topk_len, has_topk_len2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE: tl.constexpr, RAGGED: tl.constexpr, TWO_SCOPES: tl.constexpr,
@@ -309,6 +310,7 @@ def _sources_fwd(
         qs = tl.load(q_ptrs, mask=row_ok[:, None] & (cols_d < D)[None, :], other=0.0)
     if UPCAST:
         qs = qs.to(tl.float32)
+    qs = (qs.to(tl.float32) * q_unit).to(qs.dtype)  # triton_utils.q_unit; qk_scale is over it
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
@@ -412,6 +414,8 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=Non
     grid_m = triton.cdiv(G if sparse else T * G, tiles["BLOCK_M"])
     grid = (grid_m, (B * T if sparse else B) * problem.heads_kv, n_splits)
     upcast = upcast_under_interpreter(q.dtype)
+    qk_scale = (D**-0.5 if scale is None else float(scale)) * LOG2E
+    unit = q_unit(qk_scale, q.dtype)
     _sources_fwd[grid](
         q, k, v, k2, sink if sink is not None else q, target, target_lse,
         given(block_table), given(kv_lens), given(cu_seqlens_q), given(indices), given(topk_len),
@@ -421,7 +425,7 @@ def attend(problem, q, k, v, *, scale=None, sink=None, out=None, block_table=Non
         block_table.stride(0) if block_table is not None else 0,
         indices.stride(0) if sparse else 0, indices.stride(1) if sparse else 0,
         extra_indices.stride(0) if two else 0, extra_indices.stride(1) if two else 0,
-        T, HQ, G, problem.window or NO_WINDOW, (D**-0.5 if scale is None else float(scale)) * LOG2E, D, DV,
+        T, HQ, G, problem.window or NO_WINDOW, qk_scale / unit, unit, D, DV,
         problem.block_size, problem.extra_block_size or 1, problem.kv_len if sparse else 0, problem.extra_topk or 0,
         per_split, int(sink is not None and n_splits == 1), int(topk_len is not None), int(extra_topk_len is not None),
         **specialization(problem, tiles, upcast),

@@ -1,5 +1,6 @@
 """Small pieces shared by the Triton kernels."""
 
+import math
 import os
 
 import torch
@@ -34,6 +35,17 @@ def round_for_bf16(x):
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+def q_unit(qk_scale: float, dtype: torch.dtype) -> float:
+    """The power of two q is scaled by before q.k: the largest not above the scores' scale (at
+    most 1, at least 2^-64), so that the fp32 accumulator holds about the logit, not the dot
+    product, which overflows first (keys of a quantized cache at scale 2^96: a logit of -9e37 is
+    a dot of -2e39, and the row read as empty). Exact in bf16 and fp32; fp16 keeps 1 (its keys
+    are fp16: no overflow, and q's small values would fall below fp16's normals)."""
+    if dtype == torch.float16:
+        return 1.0
+    return 2.0 ** min(0, max(-64, math.floor(math.log2(qk_scale))))
 
 
 def pv_mode(dtype: torch.dtype) -> int:

@@ -252,6 +252,17 @@ __device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v, float up, uint32_t& in
                     bf16x2_to_f16x2(v.z, up, inexact), bf16x2_to_f16x2(v.w, up, inexact));
 }
 
+// bf16 values times `up`, a power of two: exact but where a value falls below bf16's normals.
+__device__ __forceinline__ uint32_t bf16x2_scaled(uint32_t w, float up) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  const __nv_bfloat162 scaled = __floats2bfloat162_rn(f.x * up, f.y * up);
+  return *reinterpret_cast<const uint32_t*>(&scaled);
+}
+
+__device__ __forceinline__ uint4 bf16x8_scaled(uint4 v, float up) {
+  return make_uint4(bf16x2_scaled(v.x, up), bf16x2_scaled(v.y, up), bf16x2_scaled(v.z, up), bf16x2_scaled(v.w, up));
+}
+
 // 2^(code - 127) as f16x2 (both halves), for codes 104 to 140 (below 113 an f16 subnormal): the
 // f16 pass's scale multiplier, e4m3's and e2m1's alike.
 __device__ __forceinline__ uint32_t f16x2_pow2(uint32_t code) {
@@ -568,6 +579,9 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
 // once, then their stores. Warpgroup 1 (which never reads q) only arrives on the named barrier.
 // In f16, q times 2^c, c such that the largest magnitude lands in [2^15, 2^16): the returned
 // 2^-c joins the scores' scale. (q's range is its own, unlike the keys': no scale to trust.)
+// In bf16, q times the largest power of two not above the scores' scale (at most 1): the fp32
+// accumulator then holds at most the logit in base 2, not the dot product, which overflows first
+// (keys at scale code 223 (2^96), a logit of -9e37: the dot -2e39, so the row read as empty).
 template <int CL, bool F16>
 __device__ __forceinline__ float load_q(const Params& p, uint8_t* smem, int b, int t, int head0, uint32_t rank) {
   constexpr int PER_THREAD = ROWS * 64 / 256;
@@ -594,11 +608,14 @@ __device__ __forceinline__ float load_q(const Params& p, uint8_t* smem, int b, i
     for (int w = 0; w < 8; ++w) top = max(top, tops[w]);
     const int exponent = top >> 7, c = top == 0 ? 0 : min(max(142 - exponent, -100), 100);
     up = __int_as_float((127 + c) << 23);
+  } else {
+    const int c = (__float_as_int(p.qk_scale_log2) >> 23) - 127;  // floor(log2(scale)) for a normal scale
+    up = __int_as_float((127 + min(max(c, -64), 0)) << 23);
   }
 #pragma unroll
   for (int i = 0; i < PER_THREAD; ++i)
     st_shared16(smem_u32(smem + OFF_Q + (unit / 8) * CHUNK_BYTES) + swizzled(tid / 64 + 4 * i, unit % 8),
-                F16 ? bf16x8_to_f16x8(v[i], up, inexact) : v[i]);
+                F16 ? bf16x8_to_f16x8(v[i], up, inexact) : bf16x8_scaled(v[i], up));
   if (inexact) mark_inexact<CL>(smem, rank);
   fence_proxy_async();  // wgmma reads q
   if (tid < 128) named_sync(5, 256);
