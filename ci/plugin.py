@@ -25,6 +25,8 @@ name of its kernel (fmha.oracles.run_seed).
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
 import sys
 
 import pytest
@@ -59,6 +61,7 @@ SUITE_PACKAGES = ("fmha.oracles", "fmha.properties", "fmha.regressions")
 KERNELS = pytest.StashKey[list]()
 MERGES = pytest.StashKey[list]()
 KNOWN_FAILURES = pytest.StashKey[tuple]()
+QUARANTINE_TIMEOUT_S = 120  # the child's pytest-timeout: a case that hangs costs this, its compiles fit
 
 
 
@@ -76,7 +79,10 @@ def pytest_addoption(parser):
                     help="the run's seed, which every sample's values are drawn from (default: $FMHA_SEED, else a "
                          "fresh one, printed in the header and in every rerun command); 0 draws the values of runs "
                          "before seeds")
-    group.addoption("--fmha-nightly", action="store_true", help="also run tests marked nightly")
+    group.addoption("--fmha-nightly", action="store_true", help="also run tests marked nightly, and the known "
+                    "failures recorded as quarantined, each in a child process")
+    group.addoption("--fmha-run-quarantined", action="store_true",
+                    help="run the tests of quarantined known failures as any other test (the nightly's child does)")
     group.addoption("--fmha-slow", action="store_true", help="on the CPU, also run tests marked slow")
     group.addoption("--fmha-progress", type=float, default=None, metavar="SECONDS",
                     help="a progress line every SECONDS (default: 10 where the output is not a terminal; 0: none)")
@@ -223,6 +229,15 @@ def pytest_configure_node(node):
     node.workerinput["fmha_seed"] = node.config.stash[RUN_SEED]  # one run, one seed, on every worker
 
 
+def case_id(params: dict) -> str:
+    """The id a known-failure record's `case` is matched against: a named case's "trap/case", a
+    sample's or a problem's id; "" for a test of no case (a law)."""
+    if "trap" in params and "case" in params:
+        return f"{params['trap'].id}/{params['case'].id}"
+    sample = params.get("sample") or params.get("problem")
+    return getattr(sample, "id", "") or ""
+
+
 def pytest_collection_modifyitems(config, items):
     from fmha.regressions.ledger import known_failure
 
@@ -247,11 +262,19 @@ def pytest_collection_modifyitems(config, items):
         kernel = params.get("kernel")
         if kernel is None:
             continue
-        record = known_failure(config.stash[KNOWN_FAILURES], kernel.name, item.originalname, device, item.callspec.id)
+        record = known_failure(config.stash[KNOWN_FAILURES], kernel.name, item.originalname, device, case_id(params))
+        if record and record.quarantine and config.getoption("--fmha-run-quarantined"):
+            record = None  # the isolated child of a nightly run: its outcome as it is
         if record:
-            item.add_marker(pytest.mark.xfail(strict=record.seeds == "every", run=not record.quarantine,
-                                              reason=f"known failure ({record.issue}): {record.reason}"
-                                              + (" [quarantined: not launched]" if record.quarantine else "")))
+            isolated = record.quarantine and config.getoption("--fmha-nightly")
+            if isolated:
+                item.obj = run_isolated(item)
+            launched = ("[quarantined: run in a child process, nightly]" if isolated
+                        else "[quarantined: not launched]" if record.quarantine else "")
+            item.add_marker(pytest.mark.xfail(strict=record.seeds == "every", run=not record.quarantine or isolated,
+                                              reason=f"known failure ({record.issue}): {record.reason} [the record: "
+                                                     f"{record.identity}; passing, it is to be removed or narrowed] "
+                                                     f"{launched}".rstrip()))
         problem = params.get("problem") or getattr(params.get("sample"), "problem", None)
         if not isinstance(problem, Problem):
             continue
@@ -287,6 +310,28 @@ def pytest_runtest_call(item):
     if changed:
         raise AssertionError("the judge refuses this test's calls: " + "; ".join(changed))
     return result
+
+
+def run_isolated(item):
+    """The body of a quarantined known failure's test under --fmha-nightly (a case that hangs or
+    kills its process): the test alone in a child pytest, bounded; a pass is the record's XPASS
+    (the record is to go), a failure, a crash or a hang its xfail."""
+
+    from fmha.regressions.isolation import describe_exit
+
+    def body(**_fixtures):
+        command = [sys.executable, "-m", *shlex.split(reproduce_command(item)), "-p", "no:cacheprovider", "-q",
+                   "--fmha-run-quarantined", f"--timeout={QUARANTINE_TIMEOUT_S}"]
+        try:
+            run = subprocess.run(command, capture_output=True, text=True, timeout=QUARANTINE_TIMEOUT_S + 300)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"quarantined: its child process ran past {QUARANTINE_TIMEOUT_S + 300} s") from None
+        if run.returncode != 0:
+            tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-8:])
+            raise AssertionError(f"quarantined: still fails in a child process ({describe_exit(run.returncode)}):\n"
+                                 f"{tail}")
+
+    return body
 
 
 @pytest.hookimpl(wrapper=True)

@@ -15,6 +15,7 @@ import jinja2
 
 SPARSE = "dsv4-sparse"
 RAISED = 1.0  # a run that raised: the heatmap's worst cell, written "raised"
+NOT_RUN = 2.0  # a run no process finished (a shard killed): written "not run"
 _TOPK = re.compile(r"-topk(\d+\+\d+)")
 
 
@@ -44,7 +45,9 @@ def worst_by_cell(runs: list, sparse: bool = False) -> dict[tuple, float | None]
         if r.returned:
             cells[key] = max(cells.get(key) or 0.0, _gap(r))
         elif r.outcome == "raised":
-            cells[key] = RAISED
+            cells[key] = max(cells.get(key) or 0.0, RAISED)
+        elif r.outcome == "not_run":
+            cells[key] = NOT_RUN
         else:
             cells.setdefault(key, None)
     return cells
@@ -65,13 +68,15 @@ def _pass_fail_colours(limit: float, low: float, high: float):
 
 def cell_labels(cells: dict, gate: float) -> dict[tuple, str]:
     """The text of each grid cell (worst_by_cell's): its worst 1 - cosine (✗ past the gate),
-    "raised ✗", or "n/a" where the kernel supports none of the config's runs. A config not in
-    this run has no cell (blank)."""
+    "raised ✗", "not run ✗" where no process finished a run, or "n/a" where the kernel supports
+    none of the config's runs. A config not in this run has no cell (blank)."""
     def label(gap) -> str:
         if gap is None:
             return "n/a"
         if gap == RAISED:
             return "raised ✗"
+        if gap == NOT_RUN:
+            return "not run ✗"
         return f"{max(gap, 1e-9):.1e}" + (" ✗" if gap > 1 - gate else "")
 
     return {key: label(gap) for key, gap in cells.items()}
@@ -147,15 +152,18 @@ def trend(history: list[dict], kernel: str, gate: float, path: Path) -> Path | N
 
 
 def failed(night: dict, gate: float) -> bool:
-    """Whether a kernel's night (a history.jsonl line) failed the gate: a run below it or a run
-    that raised (whose night's worst returned cosine may still be at the gate)."""
+    """Whether a kernel's night (a history.jsonl line) failed the gate: its verdict where the line
+    has one, else a run below it or a run that raised (whose night's worst returned cosine may
+    still be at the gate)."""
+    if "failing" in night:
+        return night["failing"]
     return bool(night.get("below") or night.get("raised")) or (night["worst_gap"] or 0.0) > 1 - gate
 
 
 def night(tallies: dict, time: str) -> list[dict]:
     """This run's line per kernel in history.jsonl."""
     return [dict(time=time, kernel=name, configs=len(t.configs), at_gate=len(t.configs_at_gate),
-                 below=len(t.below), raised=len(t.errors),
+                 below=len(t.below), raised=len(t.errors), not_run=len(t.not_run), failing=t.failing,
                  worst_gap=max((_gap(r) for r in t.ran), default=None)) for name, t in tallies.items()]
 
 
@@ -168,11 +176,11 @@ def read_history(path: Path) -> list[dict]:
 def _failing_configs(t, gate: float) -> list[dict]:
     rows = []
     for config, runs in t.failing_by_config.items():
-        raised = [r for r in runs if r.outcome == "raised"]
+        raised = [r for r in runs if r.outcome in ("raised", "not_run")]
         worst = max((r for r in runs if r.returned), key=_gap, default=None)
+        said = (raised[0].message if raised[0].outcome == "not_run" else f"raised {raised[0].message}") if raised else ""
         rows.append(dict(config=config, runs=len(runs), sort=1.0 if raised else _gap(worst),
-                         worst=f"raised {raised[0].message}" if raised else worst.message,
-                         by="" if raised else f"{_gap(worst) - (1 - gate):.2e}"))
+                         worst=said or worst.message, by="" if raised else f"{_gap(worst) - (1 - gate):.2e}"))
     return sorted(rows, key=lambda row: -row["sort"])
 
 

@@ -9,7 +9,9 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-OUTCOMES = ("passed", "failed", "raised", "skipped", "known", "fixed")
+from fmha.regressions import ledger
+
+OUTCOMES = ("passed", "failed", "raised", "skipped", "known", "fixed", "not_run")
 
 
 @dataclass
@@ -18,7 +20,8 @@ class RunRecord:
     part: str  # "agreement", "named cases", "laws" (verify) or "gate" (the nightly)
     what: str  # the case: a sample's id, trap/case, a law's name, a grid case's id
     dtype: str = ""  # "" for laws
-    # passed, failed, raised, skipped, known (a known failure), fixed (a known failure passed)
+    # passed, failed, raised, skipped, known (a known failure), fixed (a known failure passed),
+    # not_run (planned, and no process finished it: a nightly shard killed or missing)
     outcome: str = "passed"
     message: str = ""  # the failure, the error, or the skip reason
     signature: str = ""  # what identical findings share
@@ -32,7 +35,7 @@ class RunRecord:
 
     @property
     def bad(self) -> bool:
-        return self.outcome in ("failed", "raised", "fixed")
+        return self.outcome in ("failed", "raised", "fixed", "not_run")
 
     @property
     def returned(self) -> bool:
@@ -73,3 +76,19 @@ def raised(kernel: str, part: str, what: str, e: BaseException, **fields) -> Run
     error = error_line(e)
     return RunRecord(kernel, part, what, outcome="raised", message=error, signature=f"raised {signature(error)}",
                      **fields)
+
+
+def against_ledger(result: RunRecord, known, device: str, test: str) -> RunRecord:
+    """A failure the ledger records (fmha.regressions.ledger: `test`, and the run's case) is
+    `known`; a pass it records as failing at every seed is `fixed`: the record must go, or be
+    narrowed, as pytest's strict xfail says."""
+    record = ledger.known_failure(known, result.kernel, test, device, result.what)
+    if record is None or result.outcome == "skipped":
+        return result
+    if result.outcome == "passed":
+        if record.seeds == "some":  # a failure only some values show: this run's did not
+            return result.replace(message=f"passes at this seed; recorded as failing at some ({record.issue})")
+        return result.replace(outcome="fixed", message=f"passes, but is recorded as a known failure ({record.issue}): "
+                                                       f"remove or narrow the record ({record.identity})",
+                              signature="passes though recorded as a known failure")
+    return result.replace(outcome="known", message=f"known failure ({record.issue}): {record.reason}", signature="")

@@ -41,7 +41,7 @@ from fmha.ci import progress
 from fmha.oracles import run_seed
 from fmha.regressions.selection import command_line, parse, selected_kernels
 from fmha.ci.gpu_runner import cuda_context_error
-from fmha.ci.run_record import RunRecord, raised, signature
+from fmha.ci.run_record import RunRecord, against_ledger, raised, signature
 from fmha.contract import NotSupportedError
 from fmha.oracles.check import judge_run
 from fmha.oracles.kernel_call import run_kernel
@@ -63,21 +63,6 @@ WORST = {
     "ulp / conditioning": lambda m: m.max_ulp * m.output_floor / m.floor,
     "lse err": lambda m: m.lse_max_err if m.lse_max_err is not None else -math.inf,
 }
-
-
-def _against_ledger(result: RunRecord, known, device: str, test: str) -> RunRecord:
-    """A failure the ledger records is `known`; a pass it records as failing is `fixed` (the
-    record must go, as pytest's strict xfail says)."""
-    record = ledger.known_failure(known, result.kernel, test, device, result.what)
-    if record is None or result.outcome == "skipped":
-        return result
-    if result.outcome == "passed":
-        if record.seeds == "some":  # a failure only some values show: this run's did not
-            return result.replace(message=f"passes at this seed; recorded as failing at some ({record.issue})")
-        return result.replace(outcome="fixed", message=f"passes, but is recorded as a known failure ({record.issue}): "
-                                                       "remove the record",
-                              signature="passes though recorded as a known failure")
-    return result.replace(outcome="known", message=f"known failure ({record.issue}): {record.reason}", signature="")
 
 
 def _reasons(message: str) -> list[str]:
@@ -318,7 +303,7 @@ def main(argv=None) -> int:
             bar.set_postfix_str(now[0][:60])
             run_seed.use(run_seed.for_kernel(args.fmha_seed, kernel_name))  # as the pytest plugin draws
             result = step(device)
-            results.append(_against_ledger(result, known, device, test))
+            results.append(against_ledger(result, known, device, test))
             bar.update()
             poisoned = device == "cuda" and result.outcome == "raised" and cuda_context_error()
             if poisoned:  # the CUDA context is gone: the rest runs in a fresh process

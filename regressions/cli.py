@@ -2,7 +2,7 @@
 
     python -m fmha.regressions list
     python -m fmha.regressions matrix [--fmha-kernel NAME ...] [--fmha-device cpu] [--out PAGE.md] \\
-        [--jobs N] [--fresh] [--fmha-cases DIR]
+        [--jobs N] [--fresh] [--stale] [--fmha-cases DIR]
     python -m fmha.regressions new <id> --reproducer "Sample(problem=Problem(...), ...)" --seed-logs "..." \\
         --symptom "..." --root-cause "..." [--mutant mutant:NAME|module:attr] [--fmha-kernel module:attr] [--dir DIR]
 """
@@ -76,6 +76,7 @@ def _list(_args) -> int:
 def _matrix(args) -> int:
     from fmha.regressions import kill_matrix, traps
     device = args.fmha_device
+    shipped = set(traps.TRAPS)
     try:
         traps.load_directories(args.fmha_cases)
         kernels = selection.kernels(args.fmha_kernel, device)
@@ -89,12 +90,23 @@ def _matrix(args) -> int:
     for path in dict.fromkeys((kill_matrix.ROWS, cache_path)):  # the package's rows, then this run's own
         if not args.fresh and os.path.exists(path):
             cache.update(json.loads(Path(path).read_text()))
+    mutants = kill_matrix.matrix_mutants()
+    if args.stale:
+        stale = kill_matrix.stale_rows(cache, mutants, args.law_examples)
+        for name, why in stale.items():
+            print(f"{name}: {why}")
+        print(f"{len(stale)} of {len(mutants)} rows stale" + ("; python -m fmha.regressions matrix recomputes them"
+                                                              if stale else ""), file=sys.stderr)
+        return 0
+    # A kernel author's cases: their rows, fmha's reused as they are (stale ones said so on the page).
+    only = {name for name, m in mutants.items() if m.trap not in shipped} if args.fmha_cases else None
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows = kill_matrix.build(device, args.law_examples, args.jobs, cache, progress=say,
-                             cases_dirs=tuple(os.path.abspath(d) for d in args.fmha_cases))
+                             cases_dirs=tuple(os.path.abspath(d) for d in args.fmha_cases), mutants=mutants, only=only)
+    stale = kill_matrix.stale_rows(cache, mutants, args.law_examples)
     correct = kill_matrix.correct_kernel_failures(kernels, device, progress=say)
     command = "python -m fmha.regressions matrix " + " ".join(sys.argv[2:])
-    text = kill_matrix.render(rows, correct, device, command.strip(), datetime.date.today().isoformat())
+    text = kill_matrix.render(rows, correct, device, command.strip(), datetime.date.today().isoformat(), stale)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
@@ -153,6 +165,9 @@ def main(argv=None) -> int:
                         help="hypothesis draws per law and mutant (default: the fmha-ci profile's, as CI draws them)")
     matrix.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="mutants run in parallel processes (default: one per core)")
+    matrix.add_argument("--stale", action="store_true",
+                        help="list the rows whose inputs changed since they were computed (and since which commit), "
+                             "computing nothing")
     matrix.add_argument("--fresh", action="store_true",
                         help="recompute every row (default: reuse the rows whose inputs did not change)")
     matrix.add_argument("--fmha-cases", action="append", default=[], metavar="DIR",

@@ -13,27 +13,28 @@ first (first counterexample, unshrunk); the agreement tests run their parameters
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.util
 import inspect
 import multiprocessing
 import os
+import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from fmha.contract import KernelEntry, MergeEntry
-from fmha.kernels import host, triton_dense, triton_paged
-from fmha.oracles import (check, diagnose, distributions, hazards, inputs, kernel_call, metrics, oracle, paged_inputs,
-                          quantization, reference_kernel, sample, verdict)
-from fmha.properties import covering, dense_laws, law_record, paged_laws, paged_strategies, run_settings, strategies
+from fmha.oracles import check
 from fmha.properties.catalog import LAWS
 from fmha.properties.test_agreement import SAMPLES as FEATURE_SAMPLES
 from fmha.registry import MERGES
-from fmha.regressions import eager_mutants, paged_cases, paged_mutants, shipped_mutants
+from fmha.regressions import eager_mutants
 from fmha.regressions.isolation import check_case_isolated
 from fmha.regressions.mutants import MUTANTS, trap_mutants
 from fmha.regressions.mutation import Mutant
@@ -47,10 +48,12 @@ ROWS = os.path.join(os.path.dirname(__file__), "kill_matrix_rows.json")
 NAMED_CASES_TEST = "test_named_regression_case"
 ENOUGH = 3  # test functions that must catch each mutant
 
-# What a row depends on besides the mutant's own module and its trap's: the judge, the draws, the laws.
-JUDGED_BY = (check, diagnose, distributions, hazards, inputs, kernel_call, metrics, oracle, paged_inputs, quantization,
-             reference_kernel, sample, verdict, covering, dense_laws, law_record, paged_laws, paged_strategies,
-             run_settings, strategies, host, triton_dense, triton_paged, paged_cases)
+# What a row's outcome can depend on, keyed whole: every module of these packages (the contract,
+# the kernels and their host code, the judge, the draws, the laws, the traps and mutants) and
+# every trap file loaded (a user's too: "other traps' cases that catch it"). A narrower list once
+# left out modules that decide outcomes (the pinned samples, the guard, the symptoms).
+KEYED_PACKAGES = ("fmha.contract", "fmha.kernels", "fmha.oracles", "fmha.properties", "fmha.regressions")
+NOT_KEYED = ("fmha.regressions.cli", "fmha.regressions.ledger", "fmha.regressions.scaffold")  # no outcome
 
 
 def matrix_mutants() -> dict[str, Mutant]:
@@ -200,37 +203,123 @@ def _defining_file(mutant: Mutant) -> str:
     return inspect.getsourcefile(build)
 
 
+@functools.cache
+def _package_digests() -> tuple[tuple[str, str], ...]:
+    """(module name, digest of its source) of every keyed module, read once a process."""
+    found = []
+    for package in KEYED_PACKAGES:
+        root = Path(importlib.util.find_spec(package).origin).parent
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            if "__pycache__" not in parts and not name.startswith(NOT_KEYED):
+                found.append((name, _digest(path)))
+    return tuple(found)
+
+
+def _digest(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()[:12]
+
+
+def row_files(mutant: Mutant) -> dict[str, str]:
+    """What a row depends on, by name, with the digest of each: the keyed modules, every trap file
+    loaded (a user's by its file name), and the file the mutant is built in."""
+    files = dict(_package_digests())
+    files.update({f"trap {trap} ({Path(path).name})": _digest(path) for trap, path in TRAP_FILES.items()})
+    files[f"mutant {mutant.name} ({Path(_defining_file(mutant)).name})"] = _digest(_defining_file(mutant))
+    return files
+
+
 def row_key(mutant: Mutant, law_examples: int | None) -> str:
-    """Changes when anything a row depends on changes: its trap module, the module its kernel is
-    built in, the judge, the draws, the laws, the number of draws. Not the device: a row computed
-    on a GPU stays valid for a CPU-only contributor who adds a trap."""
-    parts = [TRAP_FILES[mutant.trap]] if mutant.trap else []
-    parts += [_defining_file(mutant), *(inspect.getsourcefile(m) for m in (*JUDGED_BY, paged_mutants, shipped_mutants,
-                                                                          eager_mutants))]
+    """Changes when anything a row depends on changes (row_files), or the number of draws. Not the
+    device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
     digest = hashlib.sha1(f"{mutant.name} {law_examples}".encode())
-    for path in sorted(set(parts)):
-        with open(path, "rb") as f:
-            digest.update(f.read())
+    for name, file_digest in sorted(row_files(mutant).items()):
+        digest.update(f"{name} {file_digest}\n".encode())
     return digest.hexdigest()[:16]
 
 
+def head_commit() -> str:
+    """The checkout's commit ("" outside a git checkout), recorded with each row computed."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(__file__),
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def stale_rows(cache: dict, mutants: dict[str, Mutant], law_examples: int | None) -> dict[str, str]:
+    """Per row of `mutants` whose cached key no longer matches: what changed since it was
+    computed (the files, and in a checkout the first commit after the row's that changed one)."""
+    stale = {}
+    for name, mutant in mutants.items():
+        entry = cache.get(name)
+        if entry is None:
+            stale[name] = "never computed"
+            continue
+        if entry.get("key") == row_key(mutant, law_examples):
+            continue
+        now, then = row_files(mutant), entry.get("files") or {}
+        changed = sorted(k for k in now if then.get(k) != now[k]) if then else []
+        said = f"changed: {', '.join(changed[:6])}{', ...' if len(changed) > 6 else ''}" if changed else (
+            "computed before rows recorded their files")
+        since = _first_commit_since(entry.get("commit", ""), changed)
+        stale[name] = f"stale since {since}; {said}" if since else f"stale; {said}"
+    return stale
+
+
+def _first_commit_since(commit: str, changed: list[str]) -> str:
+    """The first commit after `commit` that touched a changed module ("uncommitted changes" if
+    none did; "" outside a checkout or without a recorded commit)."""
+    if not commit or not changed:
+        return ""
+    paths = [p for p in (_source_path(name) for name in changed) if p]
+    try:
+        found = subprocess.run(["git", "log", "--reverse", "--format=%h %ad %s", "--date=short", f"{commit}..HEAD",
+                                "--", *paths], cwd=os.path.dirname(__file__), capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if found.returncode:
+        return ""
+    first = found.stdout.splitlines()[:1]
+    return first[0][:100] if first else "uncommitted changes"
+
+
+def _source_path(name: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec and spec.origin else None
+
+
 def build(device: str, law_examples: int | None = None, jobs: int = 1, cache: dict | None = None, progress=print,
-          cases_dirs: tuple[str, ...] = (), mutants: dict[str, Mutant] | None = None) -> list[Row]:
+          cases_dirs: tuple[str, ...] = (), mutants: dict[str, Mutant] | None = None,
+          only: set[str] | None = None) -> list[Row]:
     """One row per matrix mutant (or per one of `mutants`), reusing rows in `cache` whose key
-    still matches (the cache is updated in place); with jobs > 1, mutants run in parallel child
-    processes, which load the traps of `cases_dirs` (--fmha-cases) as this process has."""
+    still matches (the cache is updated in place); with `only`, the stale rows of other mutants are
+    reused as they are (a user's own traps' rows, without an hour of fmha's). With jobs > 1,
+    mutants run in parallel child processes, which load the traps of `cases_dirs` (--fmha-cases)
+    as this process has."""
     cache = {} if cache is None else cache
     mutants = matrix_mutants() if mutants is None else mutants
     keys = {name: row_key(mutant, law_examples) for name, mutant in mutants.items()}
-    stale = [name for name, key in keys.items() if cache.get(name, {}).get("key") != key]
-    progress(f"{len(stale)} row(s) to compute, {len(mutants) - len(stale)} reused")
+    stale = [name for name, key in keys.items() if cache.get(name, {}).get("key") != key
+             and (only is None or name in only or name not in cache)]
+    commit = head_commit()
+    kept = sum(name not in stale and cache[name].get("key") != keys[name] for name in mutants)
+    progress(f"{len(stale)} row(s) to compute, {len(mutants) - len(stale)} reused"
+             + (f" ({kept} of them stale: python -m fmha.regressions matrix --stale)" if kept else ""))
     start = time.perf_counter()
     jobs = min(jobs, len(stale))
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=load_directories,
                              initargs=(tuple(cases_dirs),)) if jobs > 1 else nullcontext() as pool:
         computing = (pool.map if pool else map)(mutant_row, stale, [device] * len(stale), [law_examples] * len(stale))
         for done, row in enumerate(computing, 1):  # each row as it comes: a fresh matrix takes minutes
-            cache[row.mutant] = {"key": keys[row.mutant], "row": dataclasses.asdict(row)}
+            cache[row.mutant] = {"key": keys[row.mutant], "row": dataclasses.asdict(row),
+                                 "files": row_files(mutants[row.mutant]), "commit": commit}
             caught = "" if not row.own else ("own cases caught, " if all(f != "(passed)" for f in row.own)
                                               else "own cases MISSED, ")
             progress(f"[{done}/{len(stale)}, {time.perf_counter() - start:.0f} s] {row.mutant}: {caught}"
@@ -264,7 +353,10 @@ def short_of(rows: list[Row]) -> list[Row]:
     return [r for r in rows if not r.note and len(r.tests) < ENOUGH]
 
 
-def render(rows: list[Row], correct: dict[str, list[str]], device: str, command: str, date: str) -> str:
+def render(rows: list[Row], correct: dict[str, list[str]], device: str, command: str, date: str,
+           stale: dict[str, str] | None = None) -> str:
+    """The page; `stale`: the rows shown as they were last computed (stale_rows), said so."""
+    stale = stale or {}
     devices = ", ".join(sorted({r.device for r in rows}))
     out = [
         "# Kill matrix",
@@ -293,8 +385,15 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
         bug = mutant.bug + (f" ([source]({mutant.source}))" if mutant.source else "")
         tests = r.note or (f"{len(r.tests)}" if len(r.tests) >= ENOUGH else f"**{len(r.tests)}**")
         laws_cell = "" if r.note else f"{len(r.laws_caught)}/{r.laws_run}: " + ", ".join(r.laws_caught)
-        table.add(r.mutant, bug, own_cell, tests, laws_cell, ", ".join(r.other_traps) or "—")
+        table.add(r.mutant + (" (stale)" if r.mutant in stale else ""), bug, own_cell, tests, laws_cell,
+                  ", ".join(r.other_traps) or "—")
+    if stale:
+        out += [f"**{len(stale)} of these rows are stale**: shown as last computed; what each depends on has changed "
+                "since (`python -m fmha.regressions matrix --stale` says what; `python -m fmha.regressions matrix` "
+                "recomputes them).", ""]
     out.append(table.markdown())
+    if stale:
+        out += ["", "## Stale rows", ""] + [f"- `{name}`: {why}" for name, why in stale.items()]
     out += ["", "## Gaps", ""]
     out += ([f"- `{r.mutant}`: caught by {len(r.tests)} test function(s) ({', '.join(r.tests) or 'none'})"
              for r in short_of(rows)]

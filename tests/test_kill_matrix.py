@@ -94,3 +94,58 @@ def test_each_row_is_reported_as_it_is_computed():
     assert re.fullmatch(r"\[1/1, \d+ s\] minus-one-is-slot-0: own cases caught, \d+ test functions, \d+/\d+ laws "
                         r"\(\d+ s\)", lines[1]), lines
     assert [r.mutant for r in rows] == ["minus-one-is-slot-0"] and set(cache) == {"minus-one-is-slot-0"}
+
+
+def _shipped_rows_all_stale() -> dict:
+    cache = json.loads(Path(kill_matrix.ROWS).read_text())
+    for entry in cache.values():
+        entry["key"] = "computed-before-this-change"
+    return cache
+
+
+def test_a_stale_row_says_what_changed_and_since_when():
+    mutants = {name: MUTANTS[name] for name in ("minus-one-is-slot-0", "no-scale")}
+    cache = _shipped_rows_all_stale()
+    files = kill_matrix.row_files(mutants["no-scale"])
+    cache["no-scale"]["files"] = dict(files, **{"fmha.properties.strategies": "an-older-one"})
+    stale = kill_matrix.stale_rows(cache, mutants, None)
+    assert set(stale) == set(mutants), stale
+    assert "changed: fmha.properties.strategies" in stale["no-scale"] and "," not in stale["no-scale"], stale
+    assert "computed before rows recorded their files" in stale["minus-one-is-slot-0"], stale
+    fresh = dict(cache, **{"no-scale": dict(cache["no-scale"], key=kill_matrix.row_key(mutants["no-scale"], None))})
+    assert set(kill_matrix.stale_rows(fresh, mutants, None)) == {"minus-one-is-slot-0"}
+    page = kill_matrix.render([kill_matrix.Row(**cache[name]["row"]) for name in mutants], {}, "cpu", "matrix", "today",
+                              stale)
+    assert "| minus-one-is-slot-0 (stale) |" in page and "## Stale rows" in page and "2 of these rows are stale" in page
+
+
+def test_every_module_that_can_change_a_row_is_in_its_key():
+    """The pinned samples, the guard and the symptoms once decided outcomes outside the key."""
+    files = kill_matrix.row_files(MUTANTS["no-scale"])
+    for module in ("fmha.properties.pinned", "fmha.oracles.guard", "fmha.regressions.symptoms",
+                   "fmha.properties.strategies", "fmha.kernels.triton_paged", "fmha.contract.problem"):
+        assert module in files, sorted(files)
+    assert not any(name.startswith(kill_matrix.NOT_KEYED) for name in files)
+
+
+def test_a_users_case_computes_its_own_row_and_reuses_fmhas_stale_ones(monkeypatch):
+    """A kernel author's trap gets its row without an hour of fmha's stale rows first."""
+    import dataclasses
+
+    users = dataclasses.replace(MUTANTS["no-scale"], name="users-own-mutant")
+    shipped = {name: MUTANTS[name] for name in ("minus-one-is-slot-0", "no-scale")}
+    computed = []
+
+    def row(name, device, law_examples=None):
+        computed.append(name)
+        return kill_matrix.Row(name, own=[])
+
+    monkeypatch.setattr(kill_matrix, "mutant_row", row)
+    lines = []
+    cache = _shipped_rows_all_stale()
+    rows = kill_matrix.build("cpu", cache=cache, progress=lines.append, mutants={**shipped, "users-own-mutant": users},
+                             only={"users-own-mutant"})
+    assert computed == ["users-own-mutant"], computed
+    assert [r.mutant for r in rows] == [*shipped, "users-own-mutant"]
+    assert lines[0] == "1 row(s) to compute, 2 reused (2 of them stale: python -m fmha.regressions matrix --stale)"
+    assert set(kill_matrix.stale_rows(cache, {**shipped, "users-own-mutant": users}, None)) == set(shipped)

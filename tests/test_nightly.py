@@ -268,3 +268,32 @@ def test_the_property_suites_shards_collect_the_unsharded_suite_once(pytester):
     whole = collected()
     groups = [collected("--splits", "3", "--group", str(i)) for i in (1, 2, 3)]
     assert all(groups) and sorted(sum(groups, [])) == sorted(whole)
+
+
+def test_the_gate_reads_the_ledger_a_known_failure_is_known_a_new_one_fails_a_fixed_one_is_said(tmp_path, monkeypatch):
+    from fmha import registry
+    from fmha.ci import nightly
+    from fmha.properties.grid import GRID
+    from fmha.regressions.ledger import KnownFailure
+
+    (tmp_path / "blank_kernels.py").write_text(BLANK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kernel = registry.resolve_kernel("blank_kernels:nan")
+    configs = [c for c in GRID if (c.head_dim, c.q_len, c.kv_len) == (64, 1, 128)]
+    grid = nightly.cases(configs, [])  # its MHA case and its MQA case, both NaN
+    mha = KnownFailure(kernel.name, nightly.GATE_TEST, "NaN", "my#1", case="hd64-T1-S128-mha")
+    records = nightly.run_gate([kernel], "cpu", 1, grid, progress=False, known=(mha,))
+    assert {r.what: r.outcome for r in records} == {
+        "hd64-T1-S128-mha": "known", "hd64-T1-S128-mqa": "failed"}, [(r.what, r.outcome) for r in records]
+    summary, failing = nightly.summarize(records, None, "# night")
+    assert failing and "## Known failures (3 runs" in summary, summary  # the MQA case's failure is new
+    every = KnownFailure(kernel.name, nightly.GATE_TEST, "NaN", "my#1", case="hd64-T1-S128-*")
+    summary, failing = nightly.summarize(nightly.run_gate([kernel], "cpu", 1, grid, progress=False, known=(every,)),
+                                         None, "# night")
+    assert not failing, summary
+    correct = registry.resolve_kernel("reference")
+    records = nightly.run_gate([correct], "cpu", 1, grid, progress=False,
+                               known=(KnownFailure("reference", nightly.GATE_TEST, "x", "my#2"),))
+    assert {r.outcome for r in records} == {"fixed"} and "remove or narrow the record (kernel 'reference'" in \
+        records[0].message
+    assert nightly.summarize(records, None, "# night")[1]

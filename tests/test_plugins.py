@@ -227,13 +227,43 @@ def test_a_quarantined_configuration_is_reported_without_being_launched(plugged)
 
         ledger.LEDGER += (ledger.KnownFailure(
             "crashing_kernels:aborts", "test_named_regression_case", "aborts the process", "fmha issue 5",
-            case="missing-scale/", quarantine=True),)
+            case="missing-scale/*", quarantine=True),)
     '''))
     result = plugged.runpytest_subprocess(TRAPS, "-p", "no:cacheprovider", "-p", "quarantine_record", "-rx",
                                           "-k", "missing-scale and bf16", "--fmha-kernel=crashing_kernels:aborts",
                                           "--fmha-device=cpu")
     result.assert_outcomes(xfailed=2)
     assert "[quarantined: not launched]" in result.stdout.str()
+
+
+def test_a_quarantined_record_runs_isolated_in_the_nightly_and_a_fixed_one_is_reported(plugged):
+    """Under --fmha-nightly a quarantined case runs alone in a child process: a kernel that still
+    aborts is its xfail; one that passes now is an XPASS(strict) naming the record to remove."""
+    plugged.makepyfile(quarantined_kernels=textwrap.dedent('''
+        import os
+
+        from plugged_kernels import correct
+
+        def aborts(*args, **kwargs):
+            os.abort()
+
+        fixed = correct
+    '''), quarantine_records=textwrap.dedent('''
+        from fmha.regressions import ledger
+
+        ledger.LEDGER += tuple(ledger.KnownFailure(
+            f"quarantined_kernels:{name}", "test_named_regression_case", "aborts the process", "fmha issue 5",
+            case="missing-scale/*", quarantine=True) for name in ("aborts", "fixed"))
+    '''))
+    result = plugged.runpytest_subprocess(TRAPS, "-p", "no:cacheprovider", "-p", "quarantine_records", "-rxX", "-k",
+                                          "missing-scale and bf16-normal", "--fmha-device=cpu", "--fmha-nightly",
+                                          "--fmha-kernel=quarantined_kernels:aborts",
+                                          "--fmha-kernel=quarantined_kernels:fixed")
+    result.assert_outcomes(xfailed=1, failed=1)
+    out = result.stdout.str()
+    assert "XFAIL" in out and "quarantined_kernels:aborts-missing-scale" in out and "run in a child process" in out, out
+    assert "XPASS(strict)" in out and "kernel 'quarantined_kernels:fixed', test 'test_named_regression_case', case " \
+        "'missing-scale/*'" in out, out[-3000:]
 
 
 LAWS = str(Path(__file__).resolve().parents[1] / "properties" / "test_laws.py")
@@ -271,14 +301,14 @@ def test_a_users_known_failure_file_marks_strict_xfails_and_a_bad_one_is_a_usage
         test = "test_kernel_matches_oracle"
         reason = "the scale argument is not wired through yet"
         issue = "mykernel#7"
-        case = "normal-scale0.3"
+        case = "*-normal-scale0.3"
     '''), broad=textwrap.dedent('''
         [[known_failure]]
         kernel = "plugged_kernels:ignores_scale"
         test = "test_kernel_matches_oracle"
         reason = "the scale argument is not wired through yet"
         issue = "mykernel#7"
-        case = "scale0.3"
+        case = "*-scale0.3"
     '''), misnamed=textwrap.dedent('''
         [[known_failure]]
         kernel = "plugged_kernels:ignores_scale"
