@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cpu_tier  # the gate on --fmha-device cpu: its GPU faul
 
 # Each fault happens once (a file marks it), on one config of the CPU slice at head dim 64.
 FAULTY = textwrap.dedent('''
+    import dataclasses
     import os
     import signal
     import time
@@ -37,10 +38,10 @@ FAULTY = textwrap.dedent('''
             os.kill(os.getpid(), signal.SIGSEGV)  # dies
         return reference(q, k, v, **kwargs)
 
-    def killing_its_shard(q, k, v, **kwargs):  # its job killed at its fourth call, once
+    def killing_its_shard(q, k, v, **kwargs):  # its job killed at its fourth call, where asked to
         calls = Path("calls")
         calls.write_text(str(int(calls.read_text()) + 1) if calls.exists() else "1")
-        if int(calls.read_text()) == 4:
+        if int(calls.read_text()) == 4 and os.environ.get("KILL_THIS_SHARD"):
             os.killpg(os.getpgid(0), signal.SIGKILL)
         return reference(q, k, v, **kwargs)
 
@@ -52,17 +53,22 @@ FAULTY = textwrap.dedent('''
         return reference(q, k, v, **kwargs)
 
     fwd.capabilities = killing_its_shard.capabilities = slow.capabilities = fine.capabilities = REFERENCE
+
+    def paged_only(q, k, v, **kwargs):  # declares paged calls only: the grid has none for it
+        return reference(q, k, v, **kwargs)
+
+    paged_only.capabilities = dataclasses.replace(REFERENCE, sources=frozenset({"paged"}))
 ''')
 
 
-def _gate(tmp_path, kernel: str, out: str, *args, popen=False):
-    command = [sys.executable, "-m", "fmha.ci.nightly", "--fmha-device", "cpu", "--fmha-kernel", f"faulty:{kernel}",
-               "--head-dims", "64", "--out", out, *args]
-    env = {**os.environ, "CI": "true", "PYTHONPATH": str(tmp_path)}
+def _gate(tmp_path, kernels: str, out: str, *args, popen=False, cwd=None, **env):
+    command = [sys.executable, "-m", "fmha.ci.nightly", "--fmha-device", "cpu", "--head-dims", "64", "--out",
+               str(tmp_path / out), *(f"--fmha-kernel=faulty:{kernel}" for kernel in kernels.split()), *args]
+    env = {**os.environ, "CI": "true", "PYTHONPATH": str(tmp_path), **env}
     if popen:  # a session of its own: a kernel that kills its process group kills this gate alone
-        return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        return subprocess.Popen(command, cwd=cwd or tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
-    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=cwd or tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _records(path) -> list[RunRecord]:
@@ -76,11 +82,12 @@ def faulty(tmp_path):
 
 
 def test_a_hang_and_a_crash_each_cost_one_run_and_the_gate_goes_on(faulty):
+    """And beside them a gated kernel whose every run skips: it fails the gate too."""
     started = time.monotonic()
-    run = _gate(faulty, "fwd", "report", "--run-timeout", "2")
+    run = _gate(faulty, "fwd paged_only", "report", "--run-timeout", "2")
     took = time.monotonic() - started
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    records = _records(faulty / "report")
+    records = [r for r in _records(faulty / "report") if r.kernel == "faulty:fwd"]
     faults = {r.where["config"]: r.message for r in records if r.outcome == "raised"}
     assert set(faults) == {"hd64-T1-S100", "hd64-T4-S128"}, faults
     assert faults["hd64-T1-S100"].startswith("hang: no answer within 2 s"), faults
@@ -88,6 +95,7 @@ def test_a_hang_and_a_crash_each_cost_one_run_and_the_gate_goes_on(faulty):
     assert sum(r.outcome == "passed" for r in records) == len(records) - 2
     summary = (faulty / "report" / "summary.md").read_text()
     assert "hd64-T1-S100" in summary and "hang: no answer within 2 s" in summary
+    assert "faulty:paged_only: no run returned an answer (24 skipped, 0 raised, 0 not run)" in summary, summary
     assert (faulty / "report" / "index.html").exists()
     assert took < 120, f"the gate took {took:.0f} s with a 2 s bound"
 
@@ -96,12 +104,14 @@ def test_a_shard_killed_mid_run_keeps_its_finished_runs_and_the_merge_names_the_
     (faulty / "shard-1").mkdir()  # an earlier night's report, which the killed one does not replace
     (faulty / "shard-1" / "results.json").write_text(json.dumps(dict(shard=[1, 2], header="# an earlier night",
                                                                      device="CPU", records=[])))
-    killed = _gate(faulty, "killing_its_shard", "shard-1", "--shard", "1/2", popen=True)
+    (faulty / "elsewhere").mkdir()  # the other shard counts its calls apart, side by side
+    killed = _gate(faulty, "killing_its_shard", "shard-1", "--shard", "1/2", popen=True, KILL_THIS_SHARD="1")
+    other = _gate(faulty, "killing_its_shard", "shard-2", "--shard", "2/2", popen=True, cwd=faulty / "elsewhere")
     killed.wait(timeout=600)
     assert killed.returncode == -signal.SIGKILL
     finished = [e for e in journal.read_journal(faulty / "shard-1" / nightly.RUNS) if "record" in e]
     assert len(finished) == 3, finished  # the fourth call killed the shard
-    assert _gate(faulty, "killing_its_shard", "shard-2", "--shard", "2/2").returncode == 0
+    assert other.wait(timeout=600) == 0, other.stderr.read()[-3000:]
     assert nightly.main(["merge", str(faulty / "shard-1"), str(faulty / "shard-2"), "--out",
                          str(faulty / "night")]) == 1
     records = _records(faulty / "night")
