@@ -3,9 +3,6 @@ grid; a kernel that raises on some configs gets those runs recorded with the err
 goes on, writes every report and exits 1."""
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from html.parser import HTMLParser
 from xml.etree import ElementTree as ET
@@ -29,10 +26,20 @@ RAISING = textwrap.dedent('''
 ''')
 
 
-def _gate(tmp_path, out, *head_dims):
-    return subprocess.run([sys.executable, "-m", "fmha.ci.nightly", "--fmha-device", "cpu",
-                           "--fmha-kernel", "raising_kernels:fwd", "--head-dims", *head_dims, "--out", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
+def _gate(out, *head_dims) -> int:
+    """The gate's command in this process (its runs in its child, as from a shell)."""
+    from fmha.ci import nightly
+
+    return nightly.main(["--fmha-device", "cpu", "--fmha-kernel", "raising_kernels:fwd", "--head-dims", *head_dims,
+                         "--out", str(out)])
+
+
+@pytest.fixture
+def in_tmp_path(tmp_path, monkeypatch):
+    """A kernel author's directory: the current one, its modules importable."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
 
 
 class _Page(HTMLParser):
@@ -60,11 +67,11 @@ class _Page(HTMLParser):
             self.by_id[element] += data
 
 
-def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
+def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(in_tmp_path, capsys):
+    tmp_path = in_tmp_path
     (tmp_path / "raising_kernels.py").write_text(RAISING)
     out = tmp_path / "report"
-    run = _gate(tmp_path, out, "256", "512")
-    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert _gate(out, "256", "512") == 1, capsys.readouterr().out[-3000:]
     records = json.loads((out / "results.json").read_text())["records"]
     assert {RunRecord.from_json(r).part for r in records} == {"gate"}  # verify's record too
     sparse = [r for r in records if r["where"]["layout"] == "dsv4-sparse"]
@@ -92,7 +99,7 @@ def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(tmp_path):
     suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
     assert suite.get("name") == "raising_kernels:fwd" and int(suite.get("failures")) == 4, ET.tostring(suite)[:500]
     # a second night: a trend line over both
-    assert _gate(tmp_path, out, "256").returncode == 1
+    assert _gate(out, "256") == 1
     assert len((out / "history.jsonl").read_text().splitlines()) == 2
     (trend,) = [image["src"] for image in _read_page(out).images if image["class"] == "trend"]
     assert (out / trend).read_bytes()[:4] == b"\x89PNG"
@@ -106,18 +113,19 @@ def _read_page(out) -> _Page:
     return page
 
 
-def test_by_default_the_gate_judges_fmha_and_compared_kernels_never_fail_it(tmp_path):
+def test_by_default_the_gate_judges_fmha_and_compared_kernels_never_fail_it(in_tmp_path, capsys):
     """SDPA's flash kernel is below the gate by design (fp32 accumulation, bf16 P): compared,
     its rows are in the report and the exit status is fmha's."""
-    out = tmp_path / "report"
-    run = subprocess.run([sys.executable, "-m", "fmha.ci.nightly", "--fmha-device", "cpu", "--head-dims", "64",
-                          "--compare", "sdpa-flash", "--out", str(out)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "CI": "true"})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    from fmha.ci import nightly
+
+    out = in_tmp_path / "report"
+    status = nightly.main(["--fmha-device", "cpu", "--head-dims", "64", "--compare", "sdpa-flash", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0, printed[-3000:]
     records = json.loads((out / "results.json").read_text())["records"]
     assert {(r["kernel"], r["gated"]) for r in records} == {("fmha", True), ("sdpa-flash", False)}
     assert any(r["outcome"] == "failed" for r in records if r["kernel"] == "sdpa-flash"), "the comparison shows nothing"
-    assert "sdpa-flash (compared, not gated)" in run.stdout
+    assert "sdpa-flash (compared, not gated)" in printed
     page = _read_page(out)
     assert page.by_id["verdict"].strip().startswith("PASSED"), page.by_id["verdict"]
     suites = {s.get("name"): s for s in ET.parse(out / "junit.xml").getroot().iter("testsuite")}

@@ -76,17 +76,22 @@ def _records(path) -> list[RunRecord]:
 
 
 @pytest.fixture
-def faulty(tmp_path):
+def faulty(tmp_path, monkeypatch):
+    """A directory with the kernels above, the current one and importable (for the gates run in
+    this process; those run as commands get it as their own)."""
     (tmp_path / "faulty.py").write_text(FAULTY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
 
-def test_a_hang_and_a_crash_each_cost_one_run_and_the_gate_goes_on(faulty):
+def test_a_hang_and_a_crash_each_cost_one_run_and_the_gate_goes_on(faulty, capsys):
     """And beside them a gated kernel whose every run skips: it fails the gate too."""
     started = time.monotonic()
-    run = _gate(faulty, "fwd paged_only", "report", "--run-timeout", "2")
+    status = nightly.main(["--fmha-device", "cpu", "--head-dims", "64", "--fmha-kernel", "faulty:fwd",
+                           "--fmha-kernel", "faulty:paged_only", "--out", "report", "--run-timeout", "2"])
     took = time.monotonic() - started
-    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert status == 1, capsys.readouterr().out[-3000:]
     records = [r for r in _records(faulty / "report") if r.kernel == "faulty:fwd"]
     faults = {r.where["config"]: r.message for r in records if r.outcome == "raised"}
     assert set(faults) == {"hd64-T1-S100", "hd64-T4-S128"}, faults
@@ -125,15 +130,16 @@ def test_a_shard_killed_mid_run_keeps_its_finished_runs_and_the_merge_names_the_
     assert sum(r.outcome == "not_run" for r in _records(faulty / "half")) == 12
 
 
-def test_a_second_gate_on_the_same_folder_is_refused_and_no_night_is_lost(faulty):
+def test_a_second_gate_on_the_same_folder_is_refused_and_no_night_is_lost(faulty, capsys):
     first = _gate(faulty, "slow", "report", popen=True)
     lock = faulty / "report" / journal.LOCK_NAME
     deadline = time.monotonic() + 120
     while not (lock.exists() and "pid" in lock.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    second = _gate(faulty, "fine", "report")
-    assert second.returncode == 2 and "another gate or merge is writing this report folder" in second.stderr, \
-        second.stderr
+    with pytest.raises(SystemExit) as second:  # in this process, as a second command would
+        nightly.main(["--fmha-device", "cpu", "--head-dims", "64", "--fmha-kernel", "faulty:fine", "--out", "report"])
+    said = capsys.readouterr().err
+    assert second.value.code == 2 and "another gate or merge is writing this report folder" in said, said
     assert first.wait(timeout=600) == 0, first.stderr.read()[-3000:]
     history = [json.loads(line) for line in (faulty / "report" / "history.jsonl").read_text().splitlines()]
     assert [h["kernel"] for h in history] == ["faulty:slow"], history

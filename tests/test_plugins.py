@@ -236,7 +236,9 @@ def test_a_quarantined_configuration_is_reported_without_being_launched(plugged)
     assert "[quarantined: not launched]" in result.stdout.str()
 
 
-def test_the_nightly_runs_quarantined_and_some_seeds_records_and_reports_a_fixed_one(plugged):
+def test_the_nightly_runs_quarantined_and_some_seeds_records_and_reports_a_fixed_one(plugged, monkeypatch):
+    from fmha.regressions import ledger
+
     """Under --fmha-nightly a quarantined case runs alone in a child process, and one recorded as
     failing at some seeds runs at several (children too): a kernel that fails at one of two seeds
     is its xfail, saying so; a quarantined one that passes now is an XPASS(strict) naming the
@@ -252,19 +254,15 @@ def test_the_nightly_runs_quarantined_and_some_seeds_records_and_reports_a_fixed
             if int(os.environ["FMHA_SEED"]) % 2:
                 raise RuntimeError("fails at odd seeds")
             return correct(*args, **kwargs)
-    '''), quarantine_records=textwrap.dedent('''
-        from fmha.regressions import ledger
-
-        ledger.LEDGER += tuple(ledger.KnownFailure(
-            f"quarantined_kernels:{name}", "test_named_regression_case", "aborts the process", "fmha issue 5",
-            case="missing-scale/*", quarantine=True) for name in ("fixed",))
-        ledger.LEDGER += (ledger.KnownFailure("quarantined_kernels:at_odd_seeds", "test_named_regression_case",
-                                              "odd seeds", "fmha issue 5", case="missing-scale/*", seeds="some"),)
     '''))
-    result = plugged.runpytest_subprocess(TRAPS, "-p", "no:cacheprovider", "-p", "quarantine_records", "-rxX", "-k",
-                                          "missing-scale and bf16-normal", "--fmha-device=cpu", "--fmha-nightly",
-                                          "--fmha-kernel=quarantined_kernels:fixed",
-                                          "--fmha-kernel=quarantined_kernels:at_odd_seeds", "--fmha-nightly-seeds=2")
+    monkeypatch.setattr(ledger, "LEDGER", ledger.LEDGER + (  # the session runs in this process
+        ledger.KnownFailure("quarantined_kernels:fixed", "test_named_regression_case", "aborted", "fmha issue 5",
+                            case="missing-scale/*", quarantine=True),
+        ledger.KnownFailure("quarantined_kernels:at_odd_seeds", "test_named_regression_case", "odd seeds",
+                            "fmha issue 5", case="missing-scale/*", seeds="some")))
+    result = plugged.runpytest(TRAPS, "-p", "no:cacheprovider", "-rxX", "-k", "missing-scale and bf16-normal",
+                               "--fmha-device=cpu", "--fmha-nightly", "--fmha-kernel=quarantined_kernels:fixed",
+                               "--fmha-kernel=quarantined_kernels:at_odd_seeds", "--fmha-nightly-seeds=2")
     result.assert_outcomes(xfailed=1, failed=1)
     out = result.stdout.str()
     assert "fails in a child process at 1 of 2 seed(s)" in out and "RuntimeError: fails at odd seeds" in out, out
