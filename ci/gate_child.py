@@ -4,7 +4,7 @@ raised with the bound or the signal that ended it, and the gate goes on in a fre
 
 One child a gate (a shard), kept for every run and started again only after a fault; its imports
 are not counted against the bound, which is for the kernel's run: its call, the oracle and the
-verdict (`--run-timeout`; fmha.regressions.isolation's case timeout on the GPU). On the CPU a
+verdict (`--run-timeout`, fmha.ci.nightly.RUN_TIMEOUT_S). On the CPU a
 child is forked from a server that imported the gate once, so a fault costs no new imports; on
 a GPU it is spawned afresh (a process forked after CUDA was initialised cannot use it).
 """

@@ -45,14 +45,15 @@ FAULTY = textwrap.dedent('''
             os.killpg(os.getpgid(0), signal.SIGKILL)
         return reference(q, k, v, **kwargs)
 
-    def slow(q, k, v, **kwargs):
-        time.sleep(0.1)
+    def held(q, k, v, **kwargs):  # its first run waits until the test says "go"
+        while not Path("go").exists():
+            time.sleep(0.05)
         return reference(q, k, v, **kwargs)
 
     def fine(q, k, v, **kwargs):
         return reference(q, k, v, **kwargs)
 
-    fwd.capabilities = killing_its_shard.capabilities = slow.capabilities = fine.capabilities = REFERENCE
+    fwd.capabilities = killing_its_shard.capabilities = held.capabilities = fine.capabilities = REFERENCE
 
     def paged_only(q, k, v, **kwargs):  # declares paged calls only: the grid has none for it
         return reference(q, k, v, **kwargs)
@@ -131,7 +132,7 @@ def test_a_shard_killed_mid_run_keeps_its_finished_runs_and_the_merge_names_the_
 
 
 def test_a_second_gate_on_the_same_folder_is_refused_and_no_night_is_lost(faulty, capsys):
-    first = _gate(faulty, "slow", "report", popen=True)
+    first = _gate(faulty, "held", "report", popen=True)
     lock = faulty / "report" / journal.LOCK_NAME
     deadline = time.monotonic() + 120
     while not (lock.exists() and "pid" in lock.read_text()) and time.monotonic() < deadline:
@@ -140,9 +141,10 @@ def test_a_second_gate_on_the_same_folder_is_refused_and_no_night_is_lost(faulty
         nightly.main(["--fmha-device", "cpu", "--head-dims", "64", "--fmha-kernel", "faulty:fine", "--out", "report"])
     said = capsys.readouterr().err
     assert second.value.code == 2 and "another gate or merge is writing this report folder" in said, said
+    (faulty / "go").touch()
     assert first.wait(timeout=600) == 0, first.stderr.read()[-3000:]
     history = [json.loads(line) for line in (faulty / "report" / "history.jsonl").read_text().splitlines()]
-    assert [h["kernel"] for h in history] == ["faulty:slow"], history
+    assert [h["kernel"] for h in history] == ["faulty:held"], history
 
 
 def test_a_gated_kernel_that_ran_nothing_fails_the_gate():
