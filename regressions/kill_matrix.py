@@ -241,12 +241,17 @@ def row_key(mutant: Mutant, law_examples: int | None) -> str:
 
 
 def head_commit() -> str:
-    """The checkout's commit ("" outside a git checkout), recorded with each row computed."""
+    """fmha's checkout's commit, recorded with each row computed ("" for an installed package,
+    even one inside another repository)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(__file__),
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+        found = subprocess.run(["git", "rev-parse", "--show-toplevel", "--short", "HEAD"],
+                               cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return ""
+    lines = found.stdout.split()
+    if found.returncode or len(lines) != 2 or Path(lines[0], "regressions", "kill_matrix.py") != Path(__file__):
+        return ""
+    return lines[1]
 
 
 def stale_rows(cache: dict, mutants: dict[str, Mutant], law_examples: int | None) -> dict[str, str]:
