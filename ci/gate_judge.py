@@ -33,11 +33,8 @@ def skipped(kernel, problem, record: RunRecord, device: str) -> RunRecord | None
 
 
 def judged(kernel, problem, record: RunRecord, device: str) -> RunRecord:
-    """One run against the float64 oracle, in this process: passed, failed (why_below), raised or
-    skipped."""
-    skip = skipped(kernel, problem, record, device)
-    if skip is not None:
-        return skip
+    """One run its kernel's capabilities admit (`skipped` is None), against the float64 oracle, in
+    this process: passed, failed (why_below), raised, or skipped on a NotSupportedError."""
     sample = Sample(problem=problem, distribution=record.where["distribution"], seed=record.where["seed"])
     try:
         m = judge_run(run_kernel(kernel, sample.inputs(device))).metrics

@@ -270,10 +270,10 @@ def pytest_collection_modifyitems(config, items):
         if record:
             # The nightly runs a quarantined case in a child, and a some-seeds one at several seeds
             # (children too): a fix is seen either way.
-            seeds = [config.stash[RUN_SEED] + i for i in range(config.getoption("--fmha-nightly-seeds"))]
             isolated = config.getoption("--fmha-nightly") and (record.quarantine or record.seeds == "some")
             if isolated:
-                item.obj = run_isolated(item, seeds if record.seeds == "some" else seeds[:1])
+                seeds = config.getoption("--fmha-nightly-seeds") if record.seeds == "some" else 1
+                item.obj = run_isolated(item, [config.stash[RUN_SEED] + i for i in range(seeds)])
             launched = ("[run in a child process, nightly]" if isolated
                         else "[quarantined: not launched]" if record.quarantine else "")
             item.add_marker(pytest.mark.xfail(strict=record.seeds == "every" or isolated,

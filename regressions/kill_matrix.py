@@ -204,8 +204,8 @@ def _defining_file(mutant: Mutant) -> str:
 
 
 @functools.cache
-def _package_digests() -> tuple[tuple[str, str], ...]:
-    """(module name, digest of its source) of every keyed module, read once a process."""
+def _package_files() -> tuple[tuple[str, Path], ...]:
+    """(module name, its source) of every keyed module, found once a process."""
     found = []
     for package in KEYED_PACKAGES:
         root = Path(importlib.util.find_spec(package).origin).parent
@@ -213,29 +213,35 @@ def _package_digests() -> tuple[tuple[str, str], ...]:
             parts = path.relative_to(root).with_suffix("").parts
             name = ".".join((package, *parts)).removesuffix(".__init__")
             if "__pycache__" not in parts and not name.startswith(NOT_KEYED):
-                found.append((name, _digest(path)))
+                found.append((name, path))
     return tuple(found)
 
 
+@functools.cache
 def _digest(path) -> str:
     with open(path, "rb") as f:
         return hashlib.sha1(f.read()).hexdigest()[:12]
 
 
+def _row_paths(mutant: Mutant) -> dict[str, Path]:
+    """What a row depends on, by name: the keyed modules, every trap file loaded (a user's by its
+    file name), and the file the mutant is built in."""
+    paths = dict(_package_files())
+    paths.update({f"trap {trap} ({Path(path).name})": Path(path) for trap, path in TRAP_FILES.items()})
+    paths[f"mutant {mutant.name} ({Path(_defining_file(mutant)).name})"] = Path(_defining_file(mutant))
+    return paths
+
+
 def row_files(mutant: Mutant) -> dict[str, str]:
-    """What a row depends on, by name, with the digest of each: the keyed modules, every trap file
-    loaded (a user's by its file name), and the file the mutant is built in."""
-    files = dict(_package_digests())
-    files.update({f"trap {trap} ({Path(path).name})": _digest(path) for trap, path in TRAP_FILES.items()})
-    files[f"mutant {mutant.name} ({Path(_defining_file(mutant)).name})"] = _digest(_defining_file(mutant))
-    return files
+    """The digest of each source a row depends on, by name (_row_paths)."""
+    return {name: _digest(path) for name, path in _row_paths(mutant).items()}
 
 
-def row_key(mutant: Mutant, law_examples: int | None) -> str:
+def row_key(mutant: Mutant, law_examples: int | None, files: dict[str, str] | None = None) -> str:
     """Changes when anything a row depends on changes (row_files), or the number of draws. Not the
     device: a row computed on a GPU stays valid for a CPU-only contributor who adds a trap."""
     digest = hashlib.sha1(f"{mutant.name} {law_examples}".encode())
-    for name, file_digest in sorted(row_files(mutant).items()):
+    for name, file_digest in sorted((files or row_files(mutant)).items()):
         digest.update(f"{name} {file_digest}\n".encode())
     return digest.hexdigest()[:16]
 
@@ -263,23 +269,24 @@ def stale_rows(cache: dict, mutants: dict[str, Mutant], law_examples: int | None
         if entry is None:
             stale[name] = "never computed"
             continue
-        if entry.get("key") == row_key(mutant, law_examples):
+        now = row_files(mutant)
+        if entry.get("key") == row_key(mutant, law_examples, now):
             continue
-        now, then = row_files(mutant), entry.get("files") or {}
+        then = entry.get("files") or {}
         changed = sorted(k for k in now if then.get(k) != now[k]) if then else []
         said = f"changed: {', '.join(changed[:6])}{', ...' if len(changed) > 6 else ''}" if changed else (
             "computed before rows recorded their files")
-        since = _first_commit_since(entry.get("commit", ""), changed)
+        paths = _row_paths(mutant)
+        since = _first_commit_since(entry.get("commit", ""), [str(paths[name]) for name in changed])
         stale[name] = f"stale since {since}; {said}" if since else f"stale; {said}"
     return stale
 
 
-def _first_commit_since(commit: str, changed: list[str]) -> str:
-    """The first commit after `commit` that touched a changed module ("uncommitted changes" if
-    none did; "" outside a checkout or without a recorded commit)."""
-    if not commit or not changed:
+def _first_commit_since(commit: str, paths: list[str]) -> str:
+    """The first commit after `commit` that touched one of `paths` ("uncommitted changes" if none
+    did; "" outside a checkout or without a recorded commit)."""
+    if not commit or not paths:
         return ""
-    paths = [p for p in (_source_path(name) for name in changed) if p]
     try:
         found = subprocess.run(["git", "log", "--reverse", "--format=%h %ad %s", "--date=short", f"{commit}..HEAD",
                                 "--", *paths], cwd=os.path.dirname(__file__), capture_output=True, text=True,
@@ -290,14 +297,6 @@ def _first_commit_since(commit: str, changed: list[str]) -> str:
         return ""
     first = found.stdout.splitlines()[:1]
     return first[0][:100] if first else "uncommitted changes"
-
-
-def _source_path(name: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    return spec.origin if spec and spec.origin else None
 
 
 def build(device: str, law_examples: int | None = None, jobs: int = 1, cache: dict | None = None, progress=print,
