@@ -97,8 +97,15 @@ PINNED = {
                                source='sparse', block_size=1, cache_layout='dsv4-fp8'),
                distribution='negative_logits', cache_exponent=96, outliers=True, run_seed=1),
     ],
-    # The same over two scopes, half the indices -1 (H200 random draw).
+    # The same over two scopes, half the indices -1 (H200 random draw); and at scale 1 a logit of
+    # 1.5e38 whose q.k partial sums pass fp32's range (1.3e39) where terms cancel: NaN rows
+    # (H100 random draw) before q.k got room below the scale (triton_utils.QK_HEADROOM_LOG2).
     "two_scope_calls_agree_with_the_oracle": [
+        Sample(problem=Problem(batch=1, q_len=1, kv_len=1, heads_q=1, heads_kv=1, head_dim=512, shared_kv=True,
+                               source='sparse', block_size=1, cache_layout='dsv4-fp4', extra_topk=1, extra_block_size=1,
+                               extra_cache_layout='dsv4-fp8'),
+               scale=1.0, distribution='negative_logits', repeats=0.25, cache_exponent=96, outliers=True,
+               hazards=('every-code',), run_seed=32460374592011983),
         Sample(problem=Problem(batch=1, q_len=1, kv_len=1, heads_q=1, heads_kv=1, head_dim=512, shared_kv=True,
                                source='sparse', block_size=1, cache_layout='dsv4-fp8', extra_topk=1, extra_block_size=1,
                                extra_cache_layout='dsv4-fp4'),

@@ -139,12 +139,12 @@ RACECHECK_LINES = {  # a record's source line -> the code that must still be on 
     "gluon_sparse.py:342": "def _sparse_fwd(",
     "gluon_sparse.py:396": "gl.warp_specialize(",
     "sparse_decode.cu:428": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
-    "sparse_decode.cu:754": "const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)",
-    "sparse_decode.cu:799": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
-    "sparse_decode.cu:872": "const float a0 = alpha_s[pb * ROWS + r0]",
-    "sparse_decode.cu:841": "final_s[r0 + 8 * h] = rescale[h]",
-    "sparse_decode.cu:842": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
-    "sparse_decode.cu:890": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
+    "sparse_decode.cu:756": "const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)",
+    "sparse_decode.cu:801": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
+    "sparse_decode.cu:874": "const float a0 = alpha_s[pb * ROWS + r0]",
+    "sparse_decode.cu:843": "final_s[r0 + 8 * h] = rescale[h]",
+    "sparse_decode.cu:844": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
+    "sparse_decode.cu:892": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
     "sparse_decode.cu:109": 'asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"',
     "sparse_decode.cu:548": "bar_wait(free_bar + stage * 8, ((tile / STAGES) & 1) ^ 1);",
 }
@@ -170,16 +170,16 @@ LEDGER += tuple(
 # cases, on three hand-offs between warpgroups and the bf16 pass's barrier set-up, at these source lines (the extension is built
 # with -lineinfo, so compute-sanitizer names them). Either order of a pair.
 _CUDA_HANDOFFS = (
-    ("sparse_decode.cu:428", ("sparse_decode.cu:754",),
+    ("sparse_decode.cu:428", ("sparse_decode.cu:756",),
      "the tile's 0 / -inf key row: warpgroup 0 loads it for tile i, passes barrier.sync 1, 128, and one thread "
      "arrives (release) on the stage's free mbarrier, whose completion the producer waits for (acquire) before it "
      "stores tile i + 2's row into the same stage; its own stores reach warpgroup 0 through barrier.sync 4, 128 and "
      "one thread's arrive on the ready mbarrier"),
-    ("sparse_decode.cu:872", ("sparse_decode.cu:799",),
+    ("sparse_decode.cu:874", ("sparse_decode.cu:801",),
      "the tile's rescale factors: warpgroup 0 stores them, passes barrier.sync 1, 128, one thread arrives on the P "
      "buffer's full mbarrier, which warpgroup 1 waits for before it loads them; warpgroup 1 frees the buffer the "
      "same way (barrier.sync 3, 128, then an arrive) before warpgroup 0 stores into it two tiles later"),
-    ("sparse_decode.cu:890", ("sparse_decode.cu:841", "sparse_decode.cu:842"),
+    ("sparse_decode.cu:892", ("sparse_decode.cu:843", "sparse_decode.cu:844"),
      "the rows' final rescale and denominator: warpgroup 0 stores them, then both consumer warpgroups pass "
      "barrier.sync 2, 256 before warpgroup 1 loads them"),
     ("sparse_decode.cu:109", ("sparse_decode.cu:548",),

@@ -122,9 +122,9 @@ def test_a_race_is_matched_to_a_record_by_both_of_its_source_lines():
 
 # compute-sanitizer's racecheck report on fmha's CUDA kernel (an H200), at the current source's lines
 _CUDA_RACE = ("Read access at void <unnamed>::second_half_warpgroup<(int)1>(const <unnamed>::Params &, unsigned "
-              "char *, int, int, int, int)+0x3dc0 in /x/sparse_decode.cu:872",
+              "char *, int, int, int, int)+0x3dc0 in /x/sparse_decode.cu:874",
               "and Write access at void <unnamed>::softmax_warpgroup<(int)1>(const <unnamed>::Params &, unsigned char "
-              "*, int, int, int, int)+0xc9a0 in /x/sparse_decode.cu:799 [496 hazards]")
+              "*, int, int, int, int)+0xc9a0 in /x/sparse_decode.cu:801 [496 hazards]")
 
 
 @pytest.mark.parametrize("one_line", (False, True), ids=("continued", "one-line"))
@@ -135,7 +135,7 @@ def test_a_race_in_a_cuda_kernel_is_read_through_its_demangled_signatures(one_li
     body = f"{first} {other}" if one_line else f"{first}\n=========     {other}"
     findings = sanitize.parse_report(f"fmha-sanitize-case: t/c\n========= Error: Race reported between {body}\n",
                                      "cuda-sparse", "racecheck")
-    assert [f.lines for f in findings] == ["sparse_decode.cu:872 <-> sparse_decode.cu:799"], findings
+    assert [f.lines for f in findings] == ["sparse_decode.cu:874 <-> sparse_decode.cu:801"], findings
     assert ledger.known_failure(ledger.LEDGER, "cuda-sparse", "sanitize:racecheck", "cuda", findings[0].lines)
 
 

@@ -37,15 +37,22 @@ def round_for_bf16(x):
     return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
+# Below the scores' scale, the room q.k's partial sums get: they can exceed the logit itself where
+# terms cancel (keys at scale 2^96, scale 1: a logit of 1.5e38 summed through partial sums of
+# 1.3e39, past fp32's 3.4e38, and the row came back NaN).
+QK_HEADROOM_LOG2 = 8
+
+
 def q_unit(qk_scale: float, dtype: torch.dtype) -> float:
-    """The power of two q is scaled by before q.k: the largest not above the scores' scale (at
-    most 1, at least 2^-64), so that the fp32 accumulator holds about the logit, not the dot
-    product, which overflows first (keys of a quantized cache at scale 2^96: a logit of -9e37 is
-    a dot of -2e39, and the row read as empty). Exact in bf16 and fp32; fp16 keeps 1 (its keys
-    are fp16: no overflow, and q's small values would fall below fp16's normals)."""
+    """The power of two q is scaled by before q.k: 2^-8 of the largest not above the scores'
+    scale (at most 2^-8, at least 2^-64), so that the fp32 accumulator holds well under the logit,
+    not the dot product, which overflows first (keys of a quantized cache at scale 2^96: a logit of
+    -9e37 is a dot of -2e39, and the row read as empty). Exact in bf16 and fp32 (q's values below
+    2^-110 aside); fp16 keeps 1 (its keys are fp16: no overflow, and q's small values would fall
+    below fp16's normals)."""
     if dtype == torch.float16:
         return 1.0
-    return 2.0 ** min(0, max(-64, math.floor(math.log2(qk_scale))))
+    return 2.0 ** max(-64, min(0, math.floor(math.log2(qk_scale))) - QK_HEADROOM_LOG2)
 
 
 def pv_mode(dtype: torch.dtype) -> int:

@@ -579,9 +579,11 @@ __device__ void producer(const Params& p, uint8_t* smem, int b, int t, uint32_t 
 // once, then their stores. Warpgroup 1 (which never reads q) only arrives on the named barrier.
 // In f16, q times 2^c, c such that the largest magnitude lands in [2^15, 2^16): the returned
 // 2^-c joins the scores' scale. (q's range is its own, unlike the keys': no scale to trust.)
-// In bf16, q times the largest power of two not above the scores' scale (at most 1): the fp32
-// accumulator then holds at most the logit in base 2, not the dot product, which overflows first
-// (keys at scale code 223 (2^96), a logit of -9e37: the dot -2e39, so the row read as empty).
+// In bf16, q times 2^-8 of the largest power of two not above the scores' scale (at most 1): the
+// fp32 accumulator then holds well under the logit in base 2, not the dot product, which
+// overflows first (keys at scale code 223 (2^96), a logit of -9e37: the dot -2e39, so the row
+// read as empty), with room for partial sums past the logit where terms cancel
+// (fmha.kernels.triton_utils.q_unit, the same unit).
 template <int CL, bool F16>
 __device__ __forceinline__ float load_q(const Params& p, uint8_t* smem, int b, int t, int head0, uint32_t rank) {
   constexpr int PER_THREAD = ROWS * 64 / 256;
@@ -610,7 +612,7 @@ __device__ __forceinline__ float load_q(const Params& p, uint8_t* smem, int b, i
     up = __int_as_float((127 + c) << 23);
   } else {
     const int c = (__float_as_int(p.qk_scale_log2) >> 23) - 127;  // floor(log2(scale)) for a normal scale
-    up = __int_as_float((127 + min(max(c, -64), 0)) << 23);
+    up = __int_as_float((127 + max(min(c, 0) - 8, -64)) << 23);
   }
 #pragma unroll
   for (int i = 0; i < PER_THREAD; ++i)
