@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from fmha.contract import KernelEntry, NotSupportedError, Problem, check_attention_args
-from fmha.contract.kernel import source_tensors
+from fmha.contract.kernel import packed_sink, source_tensors
 from fmha.kernels import cuda_sparse, gluon_dense, gluon_sparse, triton_dense, triton_merge, triton_paged
 
 # In priority order: the first that supports a call runs it. The CUDA sparse kernel, the fastest
@@ -74,13 +74,13 @@ def dispatching(entries: Sequence[KernelEntry]):
         needs = ("out",) if out is not None else ()
         entry = choose(problem, q.device, entries, needs=needs)
         try:
-            return entry.apply(problem, q, k, v, scale=scale, sink=sink, out=out, **source_tensors(source_args))
+            return entry.apply(problem, q, k, v, scale=scale, sink=packed_sink(sink), out=out, **source_tensors(source_args))
         except NotSupportedError:
             if not entry.availability(q.device):  # a refusal of the call, not a kernel that found it cannot run
                 raise
         # The kernel found out at call time that it cannot run here (fmha.kernels.cuda_sparse's build failed).
         entry = choose(problem, q.device, [e for e in entries if e is not entry], needs=needs)
-        return entry.apply(problem, q, k, v, scale=scale, sink=sink, out=out, **source_tensors(source_args))
+        return entry.apply(problem, q, k, v, scale=scale, sink=packed_sink(sink), out=out, **source_tensors(source_args))
 
     return attention
 

@@ -264,7 +264,8 @@ def _reruns(rerun_passes: Callable[[Inputs], bool], run: Run) -> list[str]:
 
     strided = [name for name in ("q", "k", "v") if not getattr(x, name).is_contiguous()]
     if strided and passes(x.contiguous()):
-        layouts = ", ".join(f"{name} {x.sample.storages[name]} (strides {tuple(getattr(x, name).stride())})"
+        layouts = ", ".join(f"{name} {x.sample.storages.get(name, 'from its source')} (strides "
+                            f"{tuple(getattr(x, name).stride())}, offset {getattr(x, name).storage_offset()})"
                             for name in strided)
         hints.append(f"the kernel mishandles non-contiguous storage: it passes on contiguous copies of the same "
                      f"values; here {layouts}")

@@ -153,10 +153,14 @@ def _wide_table(x: Inputs) -> bool:
 
 
 def _padded_pages(x: Inputs) -> bool:
+    from fmha.contract.arguments import ARGUMENTS
+    from fmha.oracles.storage import observed
+
+    if x.problem.source == "dense":
+        return False
     for cache, layout in _caches(x):
-        if layout is None:
-            packed = cache.shape[2] * cache.shape[3]
-            if cache.stride(1) > packed and cache.stride(0) > cache.shape[1] * cache.stride(1):
+        if layout is None:  # a gap after pages or tokens, in whatever order the dims are laid
+            if {"step:num_blocks", "step:block_size"} & observed(cache, ARGUMENTS["k cache"], size_one=True):
                 return True
         elif cache.stride(0) > LAYOUTS[layout].page_bytes(cache.shape[1]):
             return True
@@ -293,8 +297,10 @@ def _one_scope_empty(x: Inputs) -> bool:
 
 
 def _odd_group(x: Inputs) -> bool:
+    """An odd group over KV heads that differ (at stride 0 along them, every head is one)."""
     p = x.problem
-    return p.heads_q != p.heads_kv and 16 % p.group != 0
+    distinct = p.heads_kv > 1 and (x.k.stride(2) != 0 or x.v.stride(2) != 0)
+    return p.heads_q != p.heads_kv and 16 % p.group != 0 and (distinct or p.heads_kv == 1)
 
 
 def _distribution(name: str) -> Callable[[Inputs], bool]:
@@ -337,6 +343,16 @@ def _unread_slots_poisoned(x: Inputs) -> bool:
 
 def _without(name: str) -> Callable[[Sample], Sample]:
     return lambda sample: sample.replace(hazards=tuple(h for h in sample.hazards if h != name))
+
+
+def _packed(name: str, *arguments: str) -> Callable[[Sample], Sample]:
+    """Without hazard `name`, a storage form of `arguments` (a step, a padded page): those
+    arguments packed, whatever other form the draw gave them (fmha.oracles.storage)."""
+    def remove(sample: Sample) -> Sample:
+        own = {f"{a}_storage": "contiguous" for a in arguments if a in ("q", "k", "v")}
+        kept = tuple((a, f) for a, f in sample.storage if a not in arguments)
+        return sample.replace(hazards=tuple(h for h in sample.hazards if h != name), storage=kept, **own)
+    return remove
 
 
 def _reset(**fields) -> Callable[[Sample], Sample]:
@@ -392,13 +408,13 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in (
            _invisible_keys_poisoned, _without("invisible-keys"), "invisible-values-weighted"),
     Hazard("wide-block-table", "block_table's row stride (only its last dim must be contiguous)", "a column slice of "
            "a wider table whose hidden columns name a page of poison", "layout", lambda p: p.source == "paged" and p.batch > 1,
-           _wide_table, _without("wide-block-table"), "table-rows-assumed-packed"),
+           _wide_table, _packed("wide-block-table", "block_table"), "table-rows-assumed-packed"),
     Hazard("padded-pages", "a cache's page and token strides", "pages with poisoned slots after their tokens and "
            "tokens with a poisoned gap after their heads (a quantized cache: one more 576-byte unit of NaN codes a "
-           "page)", "layout", lambda p: p.source != "dense", _padded_pages, _without("padded-pages"),
+           "page)", "layout", lambda p: p.source != "dense", _padded_pages, _packed("padded-pages", "k", "v", "extra_k_cache"),
            "cache-page-stride-ignored"),
     Hazard("strided-queries", "q's head and row strides", "q a view with a poisoned gap between heads", "layout",
-           lambda p: p.source != "dense" and p.heads_q > 1, _strided_queries, _without("strided-queries"), "queries-assumed-packed"),
+           lambda p: p.source != "dense" and p.heads_q > 1, _strided_queries, _packed("strided-queries", "q"), "queries-assumed-packed"),
     Hazard("invalid-runs", "-1 anywhere in a row of indices", "runs of -1 as long as a 64-key tile at the start, in "
            "the middle and at the end of rows, with valid indices after them", "layout",
            lambda p: p.source == "sparse" and invalid_run(p.kv_len) > 0, _invalid_runs, _without("invalid-runs"), "masked-leading-tile-nan"),

@@ -18,6 +18,7 @@ from fmha.contract.paged_validation import output_shape
 from fmha.oracles import guard  # noqa: F401 -- from here on every call of an entry is guarded
 from fmha.oracles.hazards import DRAWN
 from fmha.oracles.inputs import Inputs
+from fmha.oracles.storage import lay_out, record, tally as tally_storage
 
 # Quiet NaNs with a payload: a NaN a kernel computes (0/0, inf - inf) is the canonical one.
 POISON_BITS = {torch.bfloat16: 0x7FD5, torch.float16: 0x7E55, torch.float32: 0x7FC05A5A}
@@ -40,21 +41,30 @@ def still_poisoned(t: torch.Tensor) -> torch.Tensor:
     return t.view(INT_VIEW[t.dtype]) == _signed(POISON_BITS[t.dtype], t.dtype)
 
 
-def poisoned_out(shape, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(buffer, out): out of `shape` a view into a buffer with OUT_MARGIN elements of poison
-    before and after each row."""
-    buffer = poisoned((*shape[:-1], shape[-1] + 2 * OUT_MARGIN), dtype, device)
-    return buffer, buffer[..., OUT_MARGIN:OUT_MARGIN + shape[-1]]
+def poisoned_out(shape, dtype: torch.dtype, device, spec: str = "", argument=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, out): out of `shape` a view into a buffer of poison with OUT_MARGIN elements of it
+    before and after each row, laid out in the storage form `spec` of `argument`'s record
+    (fmha.oracles.storage) besides; `buffer` is the whole of it, flat."""
+    rows = poisoned((*shape[:-1], shape[-1] + 2 * OUT_MARGIN), dtype, device)
+    if spec:
+        rows = lay_out(rows, argument, spec, poisoned((), dtype, device))
+    out = rows[..., OUT_MARGIN:OUT_MARGIN + shape[-1]]
+    storage = out.untyped_storage()
+    buffer = torch.empty(0, dtype=dtype, device=device).set_(storage, 0, (storage.nbytes() // out.element_size(),))
+    return buffer, out
 
 
 def _assert_margins_kept(kernel: KernelEntry, buffer: torch.Tensor, out: torch.Tensor) -> None:
-    margins = torch.cat([buffer[..., :OUT_MARGIN], buffer[..., -OUT_MARGIN:]], dim=-1)
-    written = ~still_poisoned(margins)
+    """Every element of out='s buffer that is not out's still holds the poison."""
+    outside = torch.ones(buffer.numel(), dtype=torch.bool, device=buffer.device)
+    outside.as_strided(out.shape, out.stride(), out.storage_offset()).fill_(False)
+    written = outside & ~still_poisoned(buffer)
     if bool(written.any()):
         raise AssertionError(
-            f"{kernel.name}: wrote outside out= ({int(written.sum())} of the {written.numel()} elements of poison "
-            f"around its rows, the first at row {tuple(written.nonzero()[0, :-1].tolist())}): out= is a view whose "
-            f"row stride is {out.stride(-2)}, not {out.shape[-1]}; write through its strides")
+            f"{kernel.name}: wrote outside out= ({int(written.sum())} of the {int(outside.sum())} elements of poison "
+            f"around it, the first at element {int(written.nonzero()[0])} of its buffer): out= is a view of shape "
+            f"{tuple(out.shape)}, strides {tuple(out.stride())}, storage offset {out.storage_offset()}; write "
+            "through its strides")
 
 
 @dataclass
@@ -76,10 +86,13 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None)
     out = None
     if use_out:
         p = inputs.problem
-        buffer, out = poisoned_out(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device)
+        spec = inputs.sample.storages.get("out", "")
+        buffer, out = poisoned_out(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device, spec,
+                                   record("out", p))
         kwargs["out"] = out
         DRAWN["poison-around-out"] += 1
     call = {"q": inputs.q, "k": inputs.k, "v": inputs.v, **kwargs}
+    tally_storage(call, inputs.problem)
     before = _storages(call)
     result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
     _assert_unchanged(kernel, call, before)

@@ -7,11 +7,13 @@ bits on every machine: values are drawn in float32 from one CPU generator, seede
 seed and the run's (fmha.oracles.run_seed: new values on every run, the same structure), shaped
 by the distribution, cast to the problem's dtype and laid out in the sample's storage.
 
-Storages (each of q, k, v on its own; with K is V, v is k):
-- contiguous: a dense tensor;
-- strided: a view with a gap between heads (the gap holds NaN);
-- sliced: the first T (q) or S (k, v) rows of a longer buffer whose tail holds NaN;
-- expanded: every head is head 0, broadcast with stride 0 (values change accordingly).
+Storage (fmha.oracles.storage): each tensor argument on its own in any form its record allows
+(fmha.contract.arguments: another memory order, a step along a dim, an offset, stride 0, two
+arguments in one buffer), poison everywhere else in its buffer; q, k and v in `q_storage`,
+`k_storage`, `v_storage` (with K is V, v is k), the others in `storage` by argument name. The
+names q, k and v had before the records stand for forms: contiguous (""), strided (a step along
+the heads), sliced (a step along the batch: the first rows of a longer buffer), expanded (stride 0
+along the heads: every head is head 0).
 """
 
 from __future__ import annotations
@@ -22,14 +24,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fmha.oracles import paged_inputs, run_seed
+from fmha.oracles import oracle, paged_inputs, run_seed, storage
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.hazards import HAZARDS, applicable, invisible_keys, present, tally
 from fmha.oracles.inputs import Inputs
 from fmha.contract.problem import Problem, repr_fields
 
-STORAGES = ("contiguous", "strided", "sliced", "expanded")
 SLICE_TAIL = 67  # rows past the view in a sliced buffer: not a multiple of any tile
+# The call's tensor arguments a sample lays out beside q, k and v (`Sample.storage`).
+OTHER_ARGUMENTS = ("sink", "out", "block_table", "kv_lens", "cu_seqlens_q", "indices", "topk_len", "extra_k_cache",
+                   "extra_indices", "extra_topk_len")
+# What the buffer around an integer argument's view holds: a page of poison for the table, no key
+# for indices, an empty request for lengths (a kernel that reads it answers wrong).
+INT_FILL = {"indices": -1, "extra_indices": -1, "kv_lens": 0, "topk_len": 0, "extra_topk_len": 0, "cu_seqlens_q": 0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +48,8 @@ class Sample:
     q_storage: str = "contiguous"
     k_storage: str = "contiguous"
     v_storage: str = "contiguous"  # with K is V, always k_storage
+    # The other tensor arguments' storage forms, by name (OTHER_ARGUMENTS): (("sink", "step:Hq"), ...).
+    storage: tuple[tuple[str, str], ...] = ()
     # Contract v2 (paged or sparse problems; fmha.oracles.paged_inputs lays them out). None: every
     # request at the problem's maxima, and no topk_len argument.
     kv_lens: tuple[int, ...] | None = None  # paged: each request's keys, at most problem.kv_len
@@ -65,13 +74,15 @@ class Sample:
     def __post_init__(self):
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution: expected one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}")
-        for which in ("q", "k", "v"):
-            storage = getattr(self, f"{which}_storage")
-            if storage not in STORAGES:
-                raise ValueError(f"{which}_storage: expected one of {', '.join(STORAGES)}, got {storage!r}")
         if self.problem.shared_kv:
             object.__setattr__(self, "v_storage", self.k_storage)
         p = self.problem
+        object.__setattr__(self, "storage", tuple(sorted((str(n), str(f)) for n, f in self.storage if f)))
+        unknown = [name for name, _ in self.storage if name not in OTHER_ARGUMENTS]
+        if unknown:
+            raise ValueError(f"storage: {unknown} are not tensor arguments beside q, k, v ({', '.join(OTHER_ARGUMENTS)})")
+        for name, spec in self.storages.items():
+            storage.forms(spec, storage.record(name, p))  # a form its record does not allow: ValueError
         for name, upper, applies in (("kv_lens", p.kv_len, p.source == "paged"), ("q_lens", p.q_len, p.ragged),
                                      ("topk_lens", p.kv_len, p.source == "sparse"),
                                      ("extra_topk_lens", p.extra_topk, p.extra_topk is not None)):
@@ -100,7 +111,36 @@ class Sample:
 
     @property
     def storages(self) -> dict[str, str]:
-        return {"q": self.q_storage, "k": self.k_storage, "v": self.v_storage}
+        """Every tensor argument's storage form that is not packed, by argument name."""
+        named = {"q": self.q_storage, "k": self.k_storage, "v": self.v_storage, **dict(self.storage)}
+        return {name: spec for name, spec in named.items() if spec not in ("", "contiguous")
+                and not (name == "v" and self.problem.shared_kv)}
+
+    def takes(self, name: str) -> bool:
+        """Whether this sample's call has the tensor argument `name` (q, k, v or OTHER_ARGUMENTS)."""
+        p = self.problem
+        return {"q": True, "k": True, "v": not p.shared_kv, "sink": p.sink, "out": True,
+                "block_table": p.source == "paged", "kv_lens": p.source == "paged", "cu_seqlens_q": p.ragged,
+                "indices": p.source == "sparse", "topk_len": self.topk_lens is not None,
+                "extra_k_cache": p.extra_topk is not None, "extra_indices": p.extra_topk is not None,
+                "extra_topk_len": self.extra_topk_lens is not None}[name]
+
+    @property
+    def given_up(self) -> frozenset[str]:
+        """Layout hazards this sample's storage forms leave no room for (`_GIVES_UP`): the call has
+        the form, not the hazard (other draws have the hazard)."""
+        forms = {name: set(storage.forms(spec, storage.record(name, self.problem)))
+                 for name, spec in self.storages.items()}
+        return frozenset(h for h, (names, taken) in _GIVES_UP.items()
+                         if (h in self.hazards or HAZARDS[h].kind != "layout")  # a draw hazard is no sample's choice
+                         and any(set(taken) & forms.get(name, set()) for name in names))
+
+    def writable(self) -> Sample:
+        """This sample with no argument at stride 0 (a broadcast view cannot be written in place)."""
+        def plain(spec: str) -> str:
+            return "+".join(f for f in spec.split("+") if not f.startswith("zero:") and f != "expanded") or "contiguous"
+        return self.replace(q_storage=plain(self.q_storage), k_storage=plain(self.k_storage),
+                            v_storage=plain(self.v_storage), storage=tuple((n, plain(f)) for n, f in self.storage))
 
     @property
     def id(self) -> str:
@@ -111,8 +151,7 @@ class Sample:
             parts.append(f"seed{self.seed}")
         if self.scale is not None:
             parts.append(f"scale{self.scale:.4g}")
-        parts += [f"{which}.{storage}" for which, storage in self.storages.items()
-                  if storage != "contiguous" and not (which == "v" and self.problem.shared_kv)]
+        parts += [f"{which}.{spec}" for which, spec in self.storages.items()]
         for name in ("kv_lens", "q_lens", "topk_lens", "extra_topk_lens"):
             lengths = getattr(self, name)
             if lengths is not None:  # a batch of hundreds reads as its first lengths and a digest
@@ -148,6 +187,10 @@ class Sample:
         problem_changes = {k: changes.pop(k) for k in list(changes) if k in problem_fields}
         if problem_changes:
             changes["problem"] = changes.get("problem", self.problem).replace(**problem_changes)
+        problem = changes.get("problem", self.problem)
+        if (problem.source, problem.ragged, problem.cache_layouts) != (
+                self.problem.source, self.problem.ragged, self.problem.cache_layouts):
+            changes = _storage_kept(self, problem) | changes  # another call: a form its arguments cannot take goes
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
@@ -173,12 +216,39 @@ class Sample:
                 hidden = invisible_keys(p.q_len, p.kv_len, p.window)
                 k[:, :hidden] = tail_fill
                 v[:, :hidden] = tail_fill
-            q = lay_out(q.to(**cast), self.q_storage, tail_fill)
-            k = lay_out(k.to(**cast), self.k_storage, tail_fill)
-            v = k if p.shared_kv else lay_out(v.to(**cast), self.v_storage, tail_fill)
-            made = Inputs(self, q, k, v, None if sink is None else sink.to(device))
+            k_cast = k.to(**cast)
+            made = Inputs(self, q.to(**cast), k_cast, k_cast if v is k else v.to(**cast),
+                          None if sink is None else sink.to(device))
+        made = self._laid_out(made, tail_fill)
         tally(made)
         return made
+
+    def _laid_out(self, x: Inputs, fill: float) -> Inputs:
+        """`x` with each tensor argument in its storage form (K = V kept; two arguments in one
+        buffer where a form says so); the oracle's sources read from what the kernel gets."""
+        p = self.problem
+        call = {"q": x.q, "k": x.k, "v": x.v, "sink": x.sink, **x.source_args}
+        forms = {name: "+".join(storage.forms(spec, storage.record(name, p))) for name, spec in self.storages.items()}
+        for hazard, (names, form) in _HAZARD_FORMS.items():  # a hazard's view kept when the argument is laid out again
+            for name in names:
+                if hazard in self.hazards and hazard not in self.given_up and forms.get(name) and (
+                        call.get(name) is not None and storage.record(name, p).name != "quantized cache"):
+                    forms[name] = "+".join(sorted({*forms[name].split("+"), *form.split("+")}))
+        if not any(call.get(name) is not None for name in forms if name != "out"):
+            return x
+        laid = dict(call)
+        for name, spec in forms.items():
+            t = call.get(name)
+            if t is None or name == "out" or (name == "v" and x.v is x.k):
+                continue
+            argument = storage.record(name, p)
+            own = "+".join(f for f in spec.split("+") if not f.startswith("alias:"))
+            laid[name] = storage.lay_out(t, argument, own, _fill(name, t, call, fill))
+        laid["v"] = laid["k"] if x.v is x.k else laid["v"]
+        _share_buffers(laid, forms, p, fill)
+        source_args = {name: laid[name] for name in x.source_args}
+        sources = oracle.from_call(laid["k"], laid["v"], **source_args) if p.source != "dense" else []
+        return Inputs(self, laid["q"], laid["k"], laid["v"], laid["sink"], source_args, sources)
 
     def draw(self, g: torch.Generator, kv_len: int | None = None):
         """float32 q (B, T, Hq, D), k (B, S, Hkv, D), v and the sink, shaped by the
@@ -197,20 +267,72 @@ class Sample:
         return q, k, v, sink
 
 
-def lay_out(t: torch.Tensor, storage: str, fill: float = float("nan"), hidden: int = 0) -> torch.Tensor:
-    """`t` (B, L, H, D) in `storage`. For sliced, `hidden` leading rows hold `fill` too (keys
-    no query row can see, in the leak law)."""
+# Layout hazards that are a storage form: an argument laid out again keeps them.
+_HAZARD_FORMS = {"strided-queries": (("q",), "step:Hq"), "wide-block-table": (("block_table",), "step:B"),
+                 "padded-pages": (("k", "v", "extra_k_cache"), "step:num_blocks+step:block_size")}
+
+
+# A hazard, and the storage forms of an argument that leave it no room: stride 0 along q's heads
+# (no gap between them), along the keys (one key: none left to hold the poison no row may read).
+# Every row of a request (or every request) reading the last's indices: what the other rows' indices
+# carried (runs of -1, repeats, the last slot, every code among the keys read) is gone.
+_GIVES_UP = {"strided-queries": (("q",), ("zero:Hq",)), "invisible-keys": (("k", "v"), ("zero:S",)),
+             "odd-gqa-group": (("k",), ("zero:Hkv",)),  # with v's too: fmha.oracles.hazards._odd_group
+             **{h: (("indices",), ("zero:B", "zero:T")) for h in (
+                 "invalid-runs", "every-code", "last-slot", "repeated-indices", "rows-without-keys",
+                 "scales-at-both-ends")}}
+
+
+def _storage_kept(sample: Sample, problem: Problem) -> dict:
+    """`sample`'s storage fields for a call of `problem`: each form the argument's record there
+    allows, packed where it does not (a cache's page order is no dense k's)."""
+    def kept(name: str, spec: str) -> str:
+        try:
+            storage.forms(spec, storage.record(name, problem))
+        except ValueError:
+            return ""
+        return spec
+    return dict(q_storage=kept("q", sample.q_storage) or "contiguous",
+                k_storage=kept("k", sample.k_storage) or "contiguous",
+                v_storage=kept("v", sample.v_storage) or "contiguous",
+                storage=tuple((name, kept(name, spec)) for name, spec in sample.storage))
+
+
+def _fill(name: str, t: torch.Tensor, call: dict, fill: float):
+    """What the buffer around argument `name`'s view holds."""
+    if name == "block_table":  # the entry past the longest request's pages names the page of poison
+        return int(t[0, -1]) if t.numel() else 0
+    if t.dtype == torch.uint8:
+        return 0xFF  # NaN scales and codes
+    return INT_FILL.get(name, fill)
+
+
+def _share_buffers(laid: dict, forms: dict, problem: Problem, fill: float) -> None:
+    """Arguments a form puts in one buffer (`alias:`): k and v side by side in the last dim of
+    one tensor (a packed KV buffer), q beside them where the shapes let one buffer hold all three."""
+    k, v = laid["k"], laid["v"]
+    together = []
+    if "alias:k" in forms.get("q", "").split("+") and problem.source == "dense" and v is not k and (
+            laid["q"].shape[:-1] == k.shape[:-1]):
+        together = ["q", "k", "v"]
+    elif any(a in forms.get("k", "").split("+") for a in ("alias:v", "alias:v cache")) and v is not k:
+        together = ["k", "v"]
+    if not together:
+        return
+    parts = [laid[name] for name in together]
+    argument = storage.record(together[0], problem)
+    own = "+".join(f for f in forms.get(together[0], "").split("+") if not f.startswith(("alias:", "zero:")))
+    buffer = storage.lay_out(torch.cat([t.contiguous() for t in parts], -1), argument, own, fill)
+    start = 0
+    for name, t in zip(together, parts):
+        laid[name] = buffer[..., start:start + t.shape[-1]]
+        start += t.shape[-1]
+
+
+def sliced_with_poison(t: torch.Tensor, fill: float, hidden: int = 0) -> torch.Tensor:
+    """`t` (B, L, H, D) as the first L rows of a longer buffer whose tail holds `fill`, its
+    `hidden` leading rows `fill` too (keys no query row can see, in the leak law)."""
     B, L, H, D = t.shape
-    if storage == "contiguous":
-        return t
-    if storage == "strided":
-        wide = torch.full((B, L, 2 * H, D), fill, dtype=t.dtype, device=t.device)
-        wide[:, :, ::2] = t
-        return wide[:, :, ::2]
-    if storage == "sliced":
-        long = torch.full((B, L + SLICE_TAIL, H, D), fill, dtype=t.dtype, device=t.device)
-        long[:, hidden:L] = t[:, hidden:]
-        return long[:, :L]
-    if storage == "expanded":
-        return t[:, :, :1].expand(B, L, H, D)
-    raise ValueError(f"storage: expected one of {', '.join(STORAGES)}, got {storage!r}")
+    long = torch.full((B, L + SLICE_TAIL, H, D), fill, dtype=t.dtype, device=t.device)
+    long[:, hidden:L] = t[:, hidden:]
+    return long[:, :L]

@@ -14,8 +14,11 @@ from __future__ import annotations
 import torch
 
 from fmha.contract import CACHE_LAYOUTS, Capabilities, Problem
+from fmha.contract.arguments import storage_freedoms
 from fmha.oracles.hazards import HAZARDS, UNSAMPLED, hostile, present
-from fmha.oracles.sample import Sample
+from fmha.oracles.sample import OTHER_ARGUMENTS, Sample
+from fmha.oracles.storage import record
+from fmha.properties.strategies import NOT_DRAWN
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Pairs of hazards whose interaction is a bug of its own, each drawn together in one sample.
@@ -123,18 +126,25 @@ def _sparse(caps, dtype, seed, layout=None, extra_layout=None, two_scopes=False,
                   outliers=bool(layout), distribution=distribution, **lengths)
 
 
-def _dense(caps, dtype, seed, distribution="normal", q_len=6, kv_len=65, window=9) -> Sample | None:
+def _dense(caps, dtype, seed, distribution="normal", q_len=6, kv_len=65, window=9, group=3) -> Sample | None:
     """Dense keys: a group of 3 over 6 causal rows (18: more than a 16-row tile), 65 keys (one
-    past a power of two), strided, sliced and strided q, k, v."""
+    past a power of two)."""
     head_dim = _head_dim(caps, dtype)
     if head_dim is None:
         return None
-    heads_q, heads_kv = _heads(caps, 3, 2)
+    heads_q, heads_kv = _heads(caps, group, 2)
     problem = Problem(batch=2, q_len=q_len, kv_len=kv_len, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
                       causal="causal" in caps.features, window=window if "window" in caps.features else None,
                       sink=_sink(caps, dtype))
-    return Sample(problem=problem, seed=seed, distribution=distribution, q_storage="strided", k_storage="sliced",
-                  v_storage="strided")
+    return Sample(problem=problem, seed=seed, distribution=distribution)
+
+
+def _self_attention(caps, seed) -> Sample | None:
+    """q, k and v side by side in one buffer, as a fused QKV projection leaves them: T = S, one KV
+    head a query head."""
+    sample = _dense(caps, torch.bfloat16 if torch.bfloat16 in caps.dtypes else caps.dtypes[0], seed, q_len=17,
+                    kv_len=17, window=None, group=1)
+    return None if sample is None else sample.replace(q_storage="alias:k+step:B")
 
 
 def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
@@ -144,7 +154,8 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
         found += [_dense(caps, dtype, seed) for dtype in DTYPES]
         found += [_dense(caps, torch.bfloat16, seed, distribution) for distribution in ("large_logits", "negative_logits")]
         found += [_dense(caps, torch.float16, seed, "large_v", q_len=1, kv_len=2048, window=None),  # sums past 65504
-                  _dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300)]  # a window past 256 keys
+                  _dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300),  # a window past 256 keys
+                  _self_attention(caps, seed)]
     if "paged" in caps.sources:
         found += [_paged(caps, dtype, seed, ragged=False) for dtype in DTYPES]
         found += [_paged(caps, torch.bfloat16, seed, ragged=False, distribution=d) for d in ("large_logits",
@@ -181,9 +192,70 @@ def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
 
 
 def covering_samples(kernel, device: str, seed: int = 0) -> list[Sample]:
-    """The covering samples `kernel` runs on `device`: the skeletons inside its limits."""
+    """The covering samples `kernel` runs on `device`: the skeletons inside its limits, laid out
+    so that together they give every tensor argument every storage form its record allows
+    (`with_every_storage`)."""
     caps = kernel.capabilities_on(device)
-    return [s for s in skeletons(caps, seed) if not kernel.not_supported_reasons(s.problem, device)]
+    return with_every_storage([s for s in skeletons(caps, seed) if not kernel.not_supported_reasons(s.problem, device)])
+
+
+def storage_variants(argument) -> list[str]:
+    """Forms of `argument` that together show each of its record's freedoms: each other memory
+    order with a step along every dim and an offset; stride 0 along every dim (it may take);
+    each buffer it may share (with a step)."""
+    free = [f for f in storage_freedoms(argument) if f not in NOT_DRAWN.get(argument.name, ())]
+    steps = [f for f in free if f.startswith(("step:", "offset"))]
+    orders = [f for f in free if f.startswith("order:")]
+    zeros = [f for f in free if f.startswith("zero:")]
+    # stride 0 first: the family's first sample (its plainest) has every dim past 1, where it shows
+    variants = ["+".join([*zeros, *(["offset"] if "offset" in free else [])])] if zeros else []
+    variants += ["+".join([order, *steps]) for order in orders] or ["+".join(steps)]
+    variants += [f"{f}+{steps[0]}" if steps else f for f in free if f.startswith("alias:")]
+    return [v for v in variants if v]
+
+
+def with_every_storage(members: list[Sample]) -> list[Sample]:
+    """`members` laid out so that each storage form of each argument record is some member's:
+    a record's forms handed out in turn to the members whose calls take that argument (any
+    family: the run's laws together are handed all of them), one form an argument a member; a
+    copy of a member more where a record has more forms than members take it."""
+    # a sample with one query row or one request last: a dim of size 1 hides an order or a step along it
+    samples = sorted(members, key=lambda s: s.problem.q_len == 1 or s.problem.batch == 1)
+    laid = [dict(q_storage=m.q_storage, k_storage=m.k_storage, v_storage=m.v_storage, storage={}) for m in samples]
+    takers: dict[tuple[str, str], list[int]] = {}  # (argument, its record) -> the members whose calls take it
+    for i, sample in enumerate(samples):
+        for name in ("q", "k", "v", *OTHER_ARGUMENTS):
+            if sample.takes(name) and not (name == "q" and "alias:k" in sample.q_storage):
+                takers.setdefault((name, record(name, sample.problem).name), []).append(i)
+    for (name, _), those in takers.items():
+        argument = record(name, samples[those[0]].problem)
+        variants = [f for f in storage_variants(argument) if _may_take(samples[those[0]], name, f)]
+        for j, spec in enumerate(variants):
+            if j < len(those):
+                i = those[j]
+            else:  # more forms than members: a copy of one more, this argument in that form, the rest packed
+                samples.append(samples[those[j % len(those)]])
+                laid.append(dict(q_storage=samples[-1].q_storage, k_storage="contiguous", v_storage="contiguous",
+                                 storage={}))
+                i = len(samples) - 1
+            _give(laid[i], name, spec)
+    return [s.replace(q_storage=f["q_storage"], k_storage=f["k_storage"], v_storage=f["v_storage"],
+                      storage=tuple(f["storage"].items())) for s, f in zip(samples, laid)]
+
+
+def _may_take(sample: Sample, name: str, spec: str) -> bool:
+    """A buffer shared with v only where v is not k; q's with k and v only in the sample made for it."""
+    forms = spec.split("+")
+    if name == "q" and "alias:k" in forms:
+        return False
+    return not (any(f.startswith("alias:v") for f in forms) and sample.problem.shared_kv)
+
+
+def _give(fields: dict, name: str, spec: str) -> None:
+    if name in ("q", "k", "v"):
+        fields[f"{name}_storage"] = spec
+    else:
+        fields["storage"][name] = spec
 
 
 def for_law(law, kernel, device: str, seed: int = 0) -> list[Sample]:

@@ -16,7 +16,7 @@ from fmha.oracles import reference
 from fmha.oracles.check import judge_run, oracle_of
 from fmha.oracles.kernel_call import bitwise_difference, run_kernel
 from fmha.oracles.inputs import Inputs
-from fmha.oracles.sample import Sample, lay_out
+from fmha.oracles.sample import Sample, sliced_with_poison
 from fmha.properties.law_record import assert_agrees, assert_bitwise, assert_same, law, unsigned_zeros, variant
 
 
@@ -67,8 +67,8 @@ def invisible_keys_do_not_leak(kernel, sample: Sample, device):
     hidden = max(0, p.kv_len - p.q_len - p.window + 1) if p.window is not None else 0
     for poison in (float("nan"), min(1e30, torch.finfo(x.k.dtype).max)):
         # Views into a longer buffer whose tail (past S) holds the poison.
-        k = lay_out(x.k, "sliced", poison, hidden)
-        v = k if p.shared_kv else lay_out(x.v, "sliced", poison, hidden)
+        k = sliced_with_poison(x.k, poison, hidden)
+        v = k if p.shared_kv else sliced_with_poison(x.v, poison, hidden)
         assert_same(kernel, device, "bitwise_deterministic", _call(kernel, x, k=k, v=v), result,
                     f"{kernel.name} {sample.id}: the {hidden} hidden keys and the storage past S = {poison}", x)
 
@@ -293,9 +293,7 @@ def window_at_least_s_is_causal(kernel, sample: Sample, device):
 def refilled_buffers_give_the_new_answer(kernel, sample: Sample, device):
     """The same tensors, refilled in place with another draw's values, give that draw's answer:
     a kernel that caches its results (or a plan, a descriptor) by address or by shape fails."""
-    storages = {f"{name}_storage": "contiguous" for name in "qkv"
-                if getattr(sample, f"{name}_storage") == "expanded"}  # a broadcast view cannot be written
-    sample = sample.replace(**storages)
+    sample = sample.writable()
     x = sample.inputs(device)
     first = run_kernel(kernel, x)
     refilled = refill(x, sample.replace(seed=sample.seed + 1).inputs(device))

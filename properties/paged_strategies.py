@@ -11,7 +11,8 @@ them off.
 
 Every draw is hostile: it carries every layout hazard of its problem (fmha.oracles.hazards:
 poison in the keys no row sees, a wide block table, padded pages, strided queries, runs of -1,
-every code of a quantized format), shared pages, repeated indices and the cache's last slot.
+every code of a quantized format), shared pages, repeated indices and the cache's last slot,
+and each tensor argument (the table, indices and lengths too) in a storage form of its own.
 A failure names the hazards it needs (properties/law_record.py reruns it without each).
 """
 
@@ -28,7 +29,7 @@ from fmha.contract import CACHE_LAYOUTS, Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.hazards import hostile
 from fmha.oracles.sample import Sample
-from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, round_up, scales
+from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, round_up, scales, storages
 
 BLOCK_SIZES = (1, 2, 5, 16, 53, 61, 64, 576)
 INVALID = (0.0, 0.1, 0.5, 1.0)
@@ -118,7 +119,7 @@ def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=t
                     distribution=draw(st.sampled_from(distributions)), seed=draw(st.integers(0, 2**16)),
                     **sample_fields)
     assume(not caps.not_supported_reasons(sample.problem, device))
-    return hostile(sample, caps)
+    return hostile(sample.replace(**draw(storages(sample))), caps)
 
 
 def _block_size(draw, block_sizes, keys: int) -> int:

@@ -4,7 +4,7 @@
 the input distribution, the seed and the storage of each of q, k and v, every dimension
 drawn on its own: dtype, head dims (Dv != D too), batch (1-8, sometimes far larger), group
 sizes with several KV heads, sequence lengths at tile edges, causal, window, sink, K is V,
-scale, storage per tensor. What a kernel declares it cannot do is never drawn: its head
+scale, and each tensor argument's storage form from its record (fmha.contract.arguments). What a kernel declares it cannot do is never drawn: its head
 dims per dtype, the features it requires (causal-only), its shape relations (T = S, lengths
 a multiple of a tile) shape the draw, and `not_supported_reasons` filters what is left. A
 budget per call keeps the CPU tier, which interprets kernels, fast: the sizes drawn are cut
@@ -19,9 +19,11 @@ import torch
 from hypothesis import strategies as st
 
 from fmha.contract import Capabilities
+from fmha.contract.arguments import storage_freedoms
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.hazards import hostile
-from fmha.oracles.sample import STORAGES, Sample
+from fmha.oracles.sample import OTHER_ARGUMENTS, Sample
+from fmha.oracles.storage import record
 from fmha.contract import Problem
 
 # Sequence lengths at tile sizes +- 1 (16 to 1024), drawn on purpose next to uniform ones.
@@ -166,20 +168,57 @@ def scales(head_dim: int):
 
 
 @st.composite
-def samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS), storages=STORAGES,
-            **limits) -> Sample:
+def samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(DISTRIBUTIONS), **limits) -> Sample:
     """A sample inside `caps`, hostile (the keys left of every row's window hold NaN); one in
     eight is a long fp16 context with large |V| where the kernel declares fp16 (and the
     distributions include large_v)."""
     long_context = "large_v" in distributions and torch.float16 in caps.dtypes and draw(st.integers(0, 7)) == 7
     problem = draw(problems(caps, device, long_context=long_context, **limits)
                    .filter(lambda p: not caps.not_supported_reasons(p, device)))
-    storage = st.sampled_from(storages)
     scale, distribution = draw(scales(problem.head_dim)), draw(st.sampled_from(distributions))
-    return hostile(Sample(
-        problem=problem,
-        scale=scale,
-        distribution="large_v" if long_context else distribution,
-        seed=draw(st.integers(0, 2**16)),
-        q_storage=draw(storage), k_storage=draw(storage), v_storage=draw(storage),
-    ), caps)
+    sample = Sample(problem=problem, scale=scale, distribution="large_v" if long_context else distribution,
+                    seed=draw(st.integers(0, 2**16)))
+    return hostile(sample.replace(**draw(storages(sample))), caps)
+
+
+# Stride 0 where a drawn value must stay what the draw made it: every page or slot of a cache
+# one (poison past a request's keys would spread to the keys it reads), every request one block
+# table row (a shorter request's table would name pages past it). Their records allow it; the
+# coverage audit lists them as not drawn.
+NOT_DRAWN = {"k cache": ("zero:num_blocks", "zero:block_size"), "v cache": ("zero:num_blocks", "zero:block_size"),
+             "block_table": ("zero:B",)}
+
+
+def storage_form(argument, aliases: bool = True):
+    """A storage form of `argument`'s record (fmha.contract.arguments): another memory order
+    now and then, up to two more freedoms; "" (packed) is where shrinking goes."""
+    free = [f for f in storage_freedoms(argument) if f not in NOT_DRAWN.get(argument.name, ())]
+    orders = [f for f in free if f.startswith("order:")]
+    shared = [f for f in free if f.startswith("alias:")] if aliases else []
+    others = [f for f in free if not f.startswith(("order:", "alias:"))]
+    chosen = st.lists(st.sampled_from(others), max_size=2, unique=True) if others else st.just([])
+    order = st.one_of(st.just([]), st.sampled_from(orders).map(lambda f: [f])) if orders else st.just([])
+    # a shared buffer every other draw where the argument may have one (a fused projection's q, k, v)
+    alias = st.sampled_from([[], *([f] for f in shared)]) if shared else st.just([])
+    return st.tuples(order, chosen, alias).map(lambda parts: "+".join(_compatible(parts[0] + parts[1] + parts[2])))
+
+
+def _compatible(forms: list[str]) -> list[str]:
+    """Stride 0 along a dim drops a step along it (nothing to step over)."""
+    zeros = {f[5:] for f in forms if f.startswith("zero:")}
+    return [f for f in forms if not (f.startswith("step:") and f[5:] in zeros)]
+
+
+@st.composite
+def storages(draw, sample: Sample) -> dict:
+    """Sample fields laying each tensor argument of `sample`'s call out on its own."""
+    fields, others = {}, []
+    for name in ("q", "k", "v", *OTHER_ARGUMENTS):
+        if not sample.takes(name):
+            continue
+        spec = draw(storage_form(record(name, sample.problem), aliases=not sample.problem.shared_kv))
+        if name in ("q", "k", "v"):
+            fields[f"{name}_storage"] = spec or "contiguous"
+        elif spec:
+            others.append((name, spec))
+    return fields | {"storage": tuple(others)}

@@ -127,16 +127,30 @@ _CUDA_RACE = ("Read access at void <unnamed>::second_half_warpgroup<(int)1>(cons
               "*, int, int, int, int)+0xc9a0 in /x/sparse_decode.cu:801 [496 hazards]")
 
 
+@pytest.mark.parametrize("runner", ("cuda-sparse", "fmha"))  # fmha dispatches a sparse decode to it
 @pytest.mark.parametrize("one_line", (False, True), ids=("continued", "one-line"))
-def test_a_race_in_a_cuda_kernel_is_read_through_its_demangled_signatures(one_line):
+def test_a_race_in_a_cuda_kernel_is_read_through_its_demangled_signatures(one_line, runner):
     """A CUDA C++ kernel's functions are named by their signatures, spaces and all: both source
     lines are read, and the ledger's record explains the report."""
     first, other = _CUDA_RACE
     body = f"{first} {other}" if one_line else f"{first}\n=========     {other}"
     findings = sanitize.parse_report(f"fmha-sanitize-case: t/c\n========= Error: Race reported between {body}\n",
-                                     "cuda-sparse", "racecheck")
+                                     runner, "racecheck")
     assert [f.lines for f in findings] == ["sparse_decode.cu:874 <-> sparse_decode.cu:801"], findings
-    assert ledger.known_failure(ledger.LEDGER, "cuda-sparse", "sanitize:racecheck", "cuda", findings[0].lines)
+    assert ledger.known_failure(ledger.LEDGER, runner, "sanitize:racecheck", "cuda", findings[0].lines)
+
+
+def test_a_built_kernel_names_its_lines_by_the_repository_file(tmp_path):
+    """-lineinfo names a line by the file nvcc compiled: the build writes the .cu under its own
+    name, so a report's "sparse_decode.cu:874" is the line the ledger and an author look at
+    (under the extension's name, every record went stale on the GPU and nothing on the CPU said so)."""
+    from fmha.kernels import build, cuda_sparse
+
+    kernel = cuda_sparse.kernel_build()
+    written = kernel.write_sources(tmp_path)
+    assert written.name == Path(cuda_sparse.SOURCE).name
+    assert written.read_text() == Path(cuda_sparse.SOURCE).read_text()
+    assert build.kernel_only(kernel).write_sources(tmp_path / "alone").name == written.name
 
 
 def test_a_race_in_a_kernel_without_line_info_names_both_accesses():

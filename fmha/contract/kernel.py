@@ -96,11 +96,17 @@ def implemented_by(name: str, apply: Callable, capabilities: Capabilities, *,
         unavailable = availability(q.device)
         if unavailable:
             raise NotSupportedError(f"{name}: {unavailable}")
-        return apply(problem, q, k, v, scale=scale, sink=sink, out=out, **source_tensors(source_args))
+        return apply(problem, q, k, v, scale=scale, sink=packed_sink(sink), out=out, **source_tensors(source_args))
 
     attention.__name__ = f"attention_by_{name.replace('-', '_')}"
     return KernelEntry(name=name, fn=attention, capabilities=capabilities, availability=availability,
                        default_devices=default_devices, description=description, apply=apply)
+
+
+def packed_sink(sink):
+    """The sink as fmha's kernels read it, Hq floats one after another: the contract lets a caller
+    pass any strides (a step, an offset, stride 0), so a strided one is copied (Hq floats)."""
+    return None if sink is None else sink.contiguous()
 
 
 def source_tensors(call: dict) -> dict:

@@ -53,9 +53,16 @@ class Build:
     headers: tuple[tuple[str, str], ...] = ()
     flags: tuple[str, ...] = ()
     kernel_only: bool = False  # compiled alone (-DFMHA_KERNEL_ONLY) into an object file, not an extension
+    # The .cu's file name in the build, which -lineinfo gives the binary: compute-sanitizer and
+    # the profilers name a line as "<file>:<line>", so it is the source's own name in the repository.
+    file_name: str = ""
+
+    @property
+    def source_file(self) -> str:
+        return self.file_name or f"{self.name}.cu"
 
     def key(self, toolchain: str) -> str:
-        parts = [self.name, self.source, *(f"{n}\0{t}" for n, t in self.headers), *self.flags,
+        parts = [self.name, self.source_file, self.source, *(f"{n}\0{t}" for n, t in self.headers), *self.flags,
                  str(self.kernel_only), toolchain]
         return hashlib.sha256("\0\0".join(parts).encode()).hexdigest()
 
@@ -65,8 +72,8 @@ class Build:
         src.mkdir(parents=True, exist_ok=True)
         for file_name, text in self.headers:
             (src / file_name).write_text(text)
-        (src / f"{self.name}.cu").write_text(self.source)
-        return src / f"{self.name}.cu"
+        (src / self.source_file).write_text(self.source)
+        return src / self.source_file
 
 
 def cache_root() -> Path:

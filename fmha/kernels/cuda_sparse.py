@@ -92,7 +92,7 @@ def kernel_build(name: str = "fmha_cuda_sparse", source_text: str | None = None)
         with open(SOURCE) as f:
             source_text = f.read()
     headers = tuple((path.name, path.read_text()) for path in sorted(Path(SOURCE_DIR).glob("*.cuh")))
-    return builds.Build(name, source_text, headers, NVCC_FLAGS)
+    return builds.Build(name, source_text, headers, NVCC_FLAGS, file_name=os.path.basename(SOURCE))
 
 
 def cuda_builds() -> list[builds.Build]:

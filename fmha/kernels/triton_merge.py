@@ -80,7 +80,7 @@ def merge_into(o, lse, o_parts, lse_parts, sink=None) -> None:
     P, B, T, H, DV = o_parts.shape
     if o.numel() == 0:
         return
-    if sink is not None and sink.device.type == "cpu":
+    if sink is not None:  # the kernel reads Hq floats one after another; the contract allows any strides
         sink = sink.contiguous()
     rows = B * H * T
     block_dv = triton.next_power_of_2(DV)

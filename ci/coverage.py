@@ -1,0 +1,159 @@
+"""The coverage audit: every freedom of every argument record (fmha.contract.arguments) and how
+many calls handed the kernel a tensor showing it, measured from the tensors themselves (their
+strides, offsets and buffers: fmha.oracles.storage.observed), never from what a strategy asked for.
+
+    python -m fmha.ci.coverage                       # fmha, triton, reference, sdpa-math
+    python -m fmha.ci.coverage --fmha-kernel my_pkg.attn:fwd --draws 200
+
+Each row is reached (with its count), excluded by the kernel's declaration (and which part of it),
+or not drawn (a form whose values the draws cannot keep valid yet: named, never silently absent).
+The pytest plug-in prints the same audit for a session's calls (fmha.ci.hazard_report); a freedom
+the covering set does not reach fails tests/test_coverage_audit.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass
+
+from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
+
+DEFAULT_KERNELS = ("fmha", "triton", "reference", "sdpa-math")
+
+
+@dataclass(frozen=True)
+class Row:
+    argument: str
+    freedom: str
+    reached: int
+    why_not: str = ""  # "" where the kernel may get it; else the declaration (or the draws) that keep it out
+
+    @property
+    def status(self) -> str:
+        if self.why_not:
+            return self.why_not
+        return f"reached {self.reached}x" if self.reached else "UNREACHED"
+
+
+def excluded(argument: Argument, freedom: str, caps) -> str:
+    """Why a kernel of `caps` never gets `freedom` of `argument`, or ""."""
+    from fmha.properties.strategies import NOT_DRAWN
+
+    if argument.calls == ("merge",):
+        return "a merge's argument (audited with fmha.merge's laws)"
+    if not set(caps.sources) & set(argument.calls):
+        return f"sources: declares {', '.join(sorted(caps.sources))}"
+    if argument.name == "sink" and "sink" not in caps.features:
+        return "features: no sink"
+    if argument.name.startswith("out") and "out" not in caps.features:
+        return "features: no out="
+    if argument.name == "quantized cache" and not caps.cache_layouts:
+        return "cache_layouts: none"
+    if argument.name in ("v", "v cache") and "shared_kv" in caps.requires:
+        return "requires shared_kv: v is k"
+    if argument.name == "v cache" and "paged" not in caps.sources:
+        return "sources: a separate v cache is paged"
+    if argument.name in ("k cache", "v cache") and not caps.unquantized_caches:
+        return "unquantized_caches=False"
+    if freedom == "alias:k" and "dense" not in caps.sources:
+        return "sources: q shares a buffer with dense k only"
+    fixed = {"T": caps.max_q_len == 1, "Hq": caps.heads_q == (1,)}
+    for dim, one in fixed.items():
+        if one and dim in argument.strided_dims and (freedom.startswith("order:") or freedom.endswith(f":{dim}")):
+            return f"{'max_q_len' if dim == 'T' else 'heads_q'}: {dim} is always 1 (its stride means nothing)"
+    if freedom in NOT_DRAWN.get(argument.name, ()):
+        return "not drawn: stride 0 here would make the drawn values invalid (fmha.properties.strategies.NOT_DRAWN)"
+    return ""
+
+
+def audit(caps, counts: Counter) -> list[Row]:
+    """Every freedom of every record, against a kernel of `caps`, with `counts` ((record, freedom) -> calls)."""
+    return [Row(a.name, f, counts[(a.name, f)], excluded(a, f, caps))
+            for a in ARGUMENTS.values() for f in storage_freedoms(a)]
+
+
+def unreached(rows: list[Row]) -> list[Row]:
+    return [r for r in rows if not r.why_not and not r.reached]
+
+
+def reached_by(samples, kernel, device: str) -> Counter:
+    """What `samples`' calls of `kernel` hand it, counted as run_kernel counts them (out= as it
+    lays it out), without calling the kernel."""
+    from fmha.contract.paged_validation import output_shape
+    from fmha.oracles.kernel_call import poisoned_out
+    from fmha.oracles.storage import freedoms_of, record
+
+    counts = Counter()
+    takes_out = "out" in kernel.capabilities_on(device).features
+    for sample in samples:
+        x = sample.inputs(device)
+        call = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs()}
+        if takes_out:
+            p = x.problem
+            call["out"] = poisoned_out(output_shape(p, total_q=x.q.shape[0]), p.dtype, device,
+                                       sample.storages.get("out", ""), record("out", p))[1]
+        counts.update(freedoms_of(call, x.problem))
+    return counts
+
+
+def draws(kernel, device: str, count: int, seed: int = 0) -> list:
+    """The covering set and `count` draws of the agreement laws' strategies, as a CI run makes them."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from fmha.properties.covering import covering_samples
+    from fmha.properties.paged_strategies import paged_samples
+    from fmha.properties.strategies import samples
+
+    caps = kernel.capabilities_on(device)
+    found = list(covering_samples(kernel, device, seed))
+    strategies = []
+    if "dense" in caps.sources:
+        strategies.append(samples(caps, device))
+    if caps.sources & {"paged", "sparse"}:
+        strategies.append(paged_samples(caps, device))
+    if strategies and count:
+        @settings(max_examples=count, database=None, deadline=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.one_of(*strategies))
+        def collect(sample):
+            found.append(sample)
+
+        collect()
+    return found
+
+
+def table(kernel_name: str, rows: list[Row]) -> str:
+    from fmha.tables import Table
+
+    out = Table(["argument", "freedom", "this run"])
+    for r in rows:
+        out.add(r.argument, r.freedom, r.status)
+    missing = unreached(rows)
+    reachable = [r for r in rows if not r.why_not]
+    head = (f"{kernel_name}: {len(reachable) - len(missing)} of {len(reachable)} freedoms its declaration allows "
+            f"reached; {len(rows) - len(reachable)} excluded or not drawn")
+    return head + "\n" + out.markdown()
+
+
+def main(argv=None) -> int:
+    from fmha.regressions.selection import command_line, parse, resolve_kernel, selected_kernels
+
+    parser = command_line(__doc__, default_kernels=", ".join(DEFAULT_KERNELS))
+    parser.prog = "python -m fmha.ci.coverage"
+    parser.add_argument("--draws", type=int, default=40, help="hypothesis draws beside the covering set (default 40)")
+    args = parse(parser, argv)
+    kernels = selected_kernels(parser, args) if args.fmha_kernel else [resolve_kernel(n) for n in DEFAULT_KERNELS]
+    status = 0
+    for kernel in kernels:
+        device = args.fmha_device
+        rows = audit(kernel.capabilities_on(device), reached_by(draws(kernel, device, args.draws), kernel, device))
+        print(table(kernel.name, rows) + "\n")
+        if unreached(rows):
+            status = 1
+            print(f"{kernel.name}: UNREACHED: " + ", ".join(f"{r.argument} {r.freedom}" for r in unreached(rows)) + "\n")
+    return status
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Storage by construction: a tensor argument laid out in any form its record allows
+(fmha.contract.arguments), and the forms a tensor handed to a kernel shows, read back from its
+strides and offsets.
+
+A form is a "+"-joined list of freedoms of the argument's record ("order:Hq.B.T+step:T+offset");
+"" is a packed tensor. Everything of the buffer outside the view holds poison, so a kernel that
+reads through the wrong strides reads poison. `observed` measures a tensor as the kernel gets
+it, never from the form asked for: the coverage audit (fmha.ci.coverage) counts those.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+
+from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
+
+# A view's start past its buffer's: 48 bytes keeps the 16-byte alignment vectorised loads and
+# bulk copies need (a quantized cache: one page alignment, 576 bytes).
+OFFSET_BYTES = 48
+# q, k and v's names before the records (Sample.q_storage and pinned samples): their forms.
+PRESETS = {"contiguous": "", "strided": "step:{H}", "sliced": "step:B", "expanded": "zero:{H}"}
+
+
+def record(name: str, problem) -> Argument:
+    """The record of the call's argument `name` in `problem`'s call."""
+    ragged = problem.ragged
+    quantized = {"k": problem.cache_layout, "v": problem.cache_layout, "extra_k_cache": problem.extra_cache_layout}
+    if name in quantized and quantized[name]:
+        return ARGUMENTS["quantized cache"]
+    if name in ("q", "out"):
+        return ARGUMENTS[f"{name} (ragged)" if ragged else name]
+    if name in ("k", "v"):
+        return ARGUMENTS[name if problem.source == "dense" else f"{name} cache"]
+    if name == "extra_k_cache":
+        return ARGUMENTS["k cache"]
+    return ARGUMENTS[name]
+
+
+def forms(spec: str, argument: Argument) -> tuple[str, ...]:
+    """The freedoms of `spec` (a preset name or a "+"-joined list), each checked against the record."""
+    if spec in PRESETS:
+        spec = PRESETS[spec].format(H=argument.shape[-2] if len(argument.shape) > 1 else "")
+    named = tuple(f for f in spec.split("+") if f)
+    allowed = storage_freedoms(argument)
+    unknown = [f for f in named if f not in allowed and not f.startswith("alias:")]
+    if unknown:
+        raise ValueError(f"storage of {argument.name}: {unknown} are not among its freedoms ({', '.join(allowed)})")
+    return named
+
+
+def lay_out(t: torch.Tensor, argument: Argument, spec: str, fill) -> torch.Tensor:
+    """`t`'s values (along a `zero:` dim, its last element's) as a view in the form `spec`,
+    in a buffer of `fill` elsewhere."""
+    named = forms(spec, argument)
+    if not named:
+        return t
+    if argument.fixed_format:
+        return _page_format(t, named, fill)
+    dims = argument.shape
+    strided = [dims.index(d) for d in argument.strided_dims]
+    order = strided
+    steps, zeros, offset = set(), set(), False
+    for form in named:
+        kind, _, what = form.partition(":")
+        if kind == "order":
+            order = [dims.index(d) for d in what.split(".")]
+        elif kind == "step":
+            steps.add(dims.index(what))
+        elif kind == "zero":
+            zeros.add(dims.index(what))
+        elif kind == "offset":
+            offset = True
+    source = t
+    for d in sorted(zeros):  # the last: a dense call's last key is one every row sees
+        source = source.narrow(d, t.shape[d] - 1, 1)
+    memory = order + [d for d in range(t.dim()) if d not in order]  # outermost first; a contiguous last dim last
+    # A dim at stride 0 keeps its extent in the buffer: the other dims' strides are what they
+    # would be without it (a gap the size of the rest of it).
+    extents = [t.shape[d] * (2 if d in steps and d not in zeros else 1) for d in memory]
+    lead = OFFSET_BYTES // t.element_size() if offset else 0
+    flat = _filled(lead + math.prod(extents), fill, t)
+    buffer = flat[lead:].view(extents).permute([memory.index(d) for d in range(t.dim())])
+    view = buffer[tuple(slice(0, 1) if d in zeros else slice(None, None, 2) if d in steps else slice(None)
+                        for d in range(t.dim()))]
+    view.copy_(source)
+    return view.expand(t.shape) if zeros else view
+
+
+def _filled(n: int, fill, like: torch.Tensor) -> torch.Tensor:
+    """n elements of `fill` (a number, or a 0-d tensor whose bits are kept: a NaN's payload)."""
+    if isinstance(fill, torch.Tensor):
+        return fill.to(like.device).expand(n).clone()
+    return torch.full((n,), fill, dtype=like.dtype, device=like.device)
+
+
+def _page_format(cache: torch.Tensor, named, fill) -> torch.Tensor:
+    """A quantized cache (num_blocks, block_size, 1, token_bytes) whose pages are spaced one page
+    alignment apart more (`step:`), or which starts one alignment into its buffer (`offset`)."""
+    from fmha.contract.cache_layouts import LAYOUTS
+
+    alignment = next(iter(LAYOUTS.values())).page_alignment
+    num_blocks, block_size = cache.shape[:2]
+    used = block_size * cache.shape[-1]
+    page = -(-max(cache.stride(0), used) // alignment) * alignment
+    page += alignment if any(f.startswith("step:") for f in named) else 0
+    lead = alignment if "offset" in named else 0
+    flat = _filled(lead + num_blocks * page, fill, cache)
+    flat[lead:].view(num_blocks, page)[:, :used] = cache.as_strided((num_blocks, used), (cache.stride(0), 1))
+    return flat.as_strided(cache.shape, (page, *cache.stride()[1:]), lead)
+
+
+def observed(t: torch.Tensor, argument: Argument, size_one: bool = False) -> set[str]:
+    """The freedoms of `argument`'s record that `t`, as handed to a kernel, shows (aliasing
+    aside: that is between arguments, `aliased`). A dim of size 1 has a stride that reads nothing:
+    not counted, unless `size_one` (a gap after it is still a gap in the buffer)."""
+    found = set()
+    if t.storage_offset() > 0:
+        found.add("offset")
+    dims = argument.shape
+    if argument.fixed_format:
+        from fmha.contract.cache_layouts import LAYOUTS
+
+        if t.shape[0] > 1 and t.stride(0) > min(spec.page_bytes(t.shape[1]) for spec in LAYOUTS.values()
+                                                  if spec.token_bytes == t.shape[-1]):
+            found.add(f"step:{dims[0]}")
+        return found
+    strided = [dims.index(d) for d in argument.strided_dims]
+    real = [d for d in strided if t.shape[d] > 1 or (size_one and t.stride(d) > 0)]
+    found |= {f"zero:{dims[d]}" for d in real if t.stride(d) == 0}
+    moving = sorted((d for d in real if t.stride(d) > 0), key=lambda d: (-t.stride(d), d))
+    if len(moving) == len(strided) and moving != strided:
+        found.add(f"order:{'.'.join(dims[d] for d in moving)}")
+    inner_size = t.shape[-1] if argument.contiguous_last else 1  # what the innermost dim's elements span packed
+    # a dim at stride 0 may hold its extent in memory anywhere inside: a step is a gap past that too
+    spread = math.prod(t.shape[d] for d in real if t.stride(d) == 0)
+    for outer, inner in zip(moving, [*moving[1:], None]):
+        packed = (inner_size if inner is None else t.shape[inner] * t.stride(inner)) * spread
+        if t.stride(outer) > packed:
+            found.add(f"step:{dims[outer]}")
+    return found & set(storage_freedoms(argument))
+
+
+def aliased(tensors: dict[str, tuple[torch.Tensor, Argument]]) -> dict[str, set[str]]:
+    """Per argument: `alias:<other>` for each argument its record may alias that is another view
+    of the same buffer (not the same tensor: K = V is a call of its own)."""
+    found = {name: set() for name in tensors}
+    for name, (t, argument) in tensors.items():
+        for other_name, (other, other_argument) in tensors.items():
+            if other is t or other_argument.name not in argument.aliases:
+                continue
+            if t.untyped_storage().data_ptr() == other.untyped_storage().data_ptr():
+                found[name].add(f"alias:{other_argument.name}")
+    return found
+
+
+# (record, freedom) -> how many calls made in this process handed a kernel a tensor showing it
+# (fmha.oracles.kernel_call counts them; fmha.ci.coverage reports).
+REACHED: Counter = Counter()
+__judge_state__ = ("REACHED",)  # fmha.oracles.guard: not a part of what judges
+
+
+def freedoms_of(call: dict, problem) -> set[tuple[str, str]]:
+    """(record, freedom) for each freedom the tensor arguments of `call` (the contract call's
+    arguments by name) show."""
+    tensors = {name: (t, record(name, problem)) for name, t in call.items()
+               if isinstance(t, torch.Tensor) and not (name == "v" and t is call.get("k"))}
+    aliases = aliased(tensors)
+    return {(argument.name, f) for name, (t, argument) in tensors.items() for f in observed(t, argument) | aliases[name]}
+
+
+def tally(call: dict, problem) -> None:
+    REACHED.update(freedoms_of(call, problem))

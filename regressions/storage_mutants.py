@@ -1,0 +1,84 @@
+"""Mutants on the storage a caller may give a tensor argument (fmha.contract.arguments): the
+float64 reference with one storage form read wrong, everything else right. Each passed every test
+while the draws gave only the storage forms someone had listed (a packed, a head-strided, a
+row-sliced and a head-broadcast q, k, v); the draws from the argument records reach them
+(docs/kill-matrix.md has their rows). Run one like any kernel:
+
+    pytest --pyargs fmha.properties --fmha-kernel mutant:storage-offset-ignored
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from fmha.oracles.reference_kernel import ENTRY as REFERENCE_ENTRY
+from fmha.regressions.mutation import Mutant
+from fmha.regressions.shipped_mutants import _entry, through
+
+
+def _offset_ignored(args):
+    """q, k and v read from the start of their buffers (a data pointer taken from the storage,
+    not the tensor)."""
+    for name in ("q", "k", "v"):
+        t = args[name]
+        if t.storage_offset() and t.dtype != torch.uint8:
+            args[name] = t.as_strided(t.shape, t.stride(), 0)
+    return args
+
+
+def _strides_in_memory_order(args):
+    """q, k and v's non-last dims given their strides largest first, as if every tensor were laid
+    out (B, T, H) outermost first: right for any step or slice, wrong for another order."""
+    for name in ("q", "k", "v"):
+        t = args[name]
+        if t.dtype == torch.uint8 or t.dim() < 3:
+            continue
+        strides = sorted(t.stride()[:-1], reverse=True)
+        args[name] = t.as_strided(t.shape, (*strides, t.stride(-1)), t.storage_offset())
+    return args
+
+
+def _sink_read_packed(args):
+    """The sink read as Hq floats one after another from its first."""
+    sink = args.get("sink")
+    if sink is not None:
+        args["sink"] = sink.as_strided(sink.shape, (1,), sink.storage_offset())
+    return args
+
+
+def _one_buffer_read_as_k_is_v(args):
+    """K = V decided by the buffer: k and v views of one buffer (a packed KV projection) read as
+    the same tensor, v taken to be k."""
+    k, v = args["k"], args["v"]
+    if v is not k and v.shape == k.shape and v.untyped_storage().data_ptr() == k.untyped_storage().data_ptr():
+        args["v"] = k
+    return args
+
+
+def _index_rows_assumed_packed(args):
+    """The indices (and the second scope's) read with a packed tensor's strides from their first element."""
+    for name in ("indices", "extra_indices"):
+        t = args.get(name)
+        if t is not None:
+            args[name] = t.as_strided(t.shape, torch.empty(t.shape, device="meta").stride(), t.storage_offset())
+    return args
+
+
+def _storage(name: str, bug: str, transform) -> Mutant:
+    return Mutant(name, "", bug, functools.partial(_entry, name, through(transform)), twin=lambda: REFERENCE_ENTRY)
+
+
+STORAGE_MUTANTS = (
+    _storage("storage-offset-ignored", "q, k and v read from their buffers' first element: a view's storage "
+             "offset ignored", _offset_ignored),
+    _storage("strides-in-memory-order", "q, k and v's strides taken largest first: a head-major (or any other "
+             "order of) q, k, v read as (B, T, H)", _strides_in_memory_order),
+    _storage("sink-read-packed", "the sink read as packed floats: a strided or broadcast sink's heads read "
+             "from the wrong places", _sink_read_packed),
+    _storage("one-buffer-read-as-k-is-v", "k and v in one buffer (a packed KV projection) taken for K = V: v "
+             "read from k", _one_buffer_read_as_k_is_v),
+    _storage("index-rows-assumed-packed", "indices read with a packed tensor's strides: a strided, reordered "
+             "or broadcast index tensor read at the wrong places", _index_rows_assumed_packed),
+)

@@ -1,0 +1,89 @@
+"""The argument records (fmha.contract.arguments), the storage forms drawn from them
+(fmha.oracles.storage) and the coverage audit (fmha.ci.coverage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fmha.ci import coverage
+from fmha.contract import check_attention_args
+from fmha.contract.arguments import ARGUMENTS, markdown, storage_freedoms
+from fmha.contract.errors import ContractError
+from fmha.oracles import storage
+from fmha.properties import covering, strategies
+from fmha.regressions.selection import resolve_kernel
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "contract.md"
+
+
+def test_the_arguments_table_in_docs_contract_md_is_the_records():
+    table = DOC.read_text().split("<!-- arguments: generated -->\n", 1)[1].split("<!-- arguments: end -->", 1)[0]
+    assert table == markdown(), "docs/contract.md's arguments table is out of date: python -m fmha.contract.arguments"
+
+
+@pytest.mark.parametrize("name", [n for n, a in ARGUMENTS.items() if not a.fixed_format])
+def test_each_form_keeps_the_values_and_shows_its_freedom(name):
+    """Laid out in each form of its record, a tensor holds the same values (the last element's
+    along a dim at stride 0), and reading its strides back names the form: what the audit counts
+    is what a kernel gets."""
+    argument = ARGUMENTS[name]
+    t = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32)[:torch.Size([2, 3, 4, 5][-len(argument.shape):]).numel()]
+    t = t.view([2, 3, 4, 5][-len(argument.shape):])
+    for form in storage_freedoms(argument):
+        if form.startswith("alias:"):
+            continue
+        laid = storage.lay_out(t, argument, form, float("nan"))
+        expected = t
+        if form.startswith("zero:"):
+            d = argument.shape.index(form[5:])
+            expected = t.narrow(d, t.shape[d] - 1, 1).expand(t.shape)
+        assert torch.equal(laid, expected), f"{name} {form}"
+        assert storage.observed(laid, argument) == {form}, f"{name} {form}: read back {storage.observed(laid, argument)}"
+
+
+def test_every_drawn_form_is_one_the_validator_accepts():
+    """Item 6, one way: every storage form of every argument the covering set lays out, for a
+    kernel that declares every source, is a call check_attention_args accepts."""
+    kernel = resolve_kernel("reference")
+    for sample in covering.covering_samples(kernel, "cpu"):
+        x = sample.inputs()
+        check_attention_args(x.q, x.k, x.v, **x.kwargs())
+
+
+def test_the_validator_refuses_what_no_record_allows():
+    """Item 6, the other way, at the one rule every record states: a last dim that is not
+    contiguous is refused for every argument whose record says so (and a strided sink, whose
+    record allows any strides, is not)."""
+    q = torch.randn(1, 2, 2, 8)[..., ::2]
+    with pytest.raises(ContractError, match="q: expected a contiguous last dim"):
+        check_attention_args(q, torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4))
+    sink = torch.randn(4)[::2]
+    assert not ARGUMENTS["sink"].contiguous_last
+    check_attention_args(torch.randn(1, 2, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), sink=sink)
+
+
+@pytest.mark.parametrize("name", ["reference", "sdpa-math", "fmha", "triton"])
+def test_the_covering_set_reaches_every_freedom_a_declaration_allows(name, device):
+    """The audit over the covering set alone (no dice): every freedom the kernel's declaration
+    allows is in some call it is handed, on every run."""
+    kernel = resolve_kernel(name)
+    if kernel.not_supported_reasons(None, device):
+        pytest.skip(f"{name}: {kernel.not_supported_reasons(None, device)[0]}")
+    caps = kernel.capabilities_on(device)
+    rows = coverage.audit(caps, coverage.reached_by(covering.covering_samples(kernel, device), kernel, device))
+    assert not coverage.unreached(rows), coverage.table(name, rows)
+
+
+@pytest.mark.parametrize("argument, freedom", [("q", "order:Hq.B.T"), ("sink", "step:Hq"), ("out", "order:Hq.T.B"),
+                                               ("indices", "zero:T")])
+def test_the_audit_names_a_freedom_the_draws_lost(monkeypatch, argument, freedom):
+    """One freedom taken out of the draws (as a strategy that forgot it would): the audit fails and names it."""
+    monkeypatch.setitem(strategies.NOT_DRAWN, argument, (*strategies.NOT_DRAWN.get(argument, ()), freedom))
+    kernel = resolve_kernel("reference")
+    counts = coverage.reached_by(covering.covering_samples(kernel, "cpu"), kernel, "cpu")
+    monkeypatch.setitem(strategies.NOT_DRAWN, argument, strategies.NOT_DRAWN[argument][:-1])
+    missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), counts))
+    assert [(r.argument, r.freedom) for r in missing] == [(argument, freedom)]
