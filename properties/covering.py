@@ -222,22 +222,30 @@ def with_every_storage(members: list[Sample]) -> list[Sample]:
     # a sample with one query row or one request last: a dim of size 1 hides an order or a step along it
     samples = sorted(members, key=lambda s: s.problem.q_len == 1 or s.problem.batch == 1)
     laid = [dict(q_storage=m.q_storage, k_storage=m.k_storage, v_storage=m.v_storage, storage={}) for m in samples]
-    takers: dict[tuple[str, str], list[int]] = {}  # (argument, its record) -> the members whose calls take it
+    # a record -> (member, argument) of the calls that take an argument of it (a second scope's
+    # cache is a k cache: either scope's shows its forms)
+    takers: dict[str, list[tuple[int, str]]] = {}
     for i, sample in enumerate(samples):
         for name in ("q", "k", "v", *OTHER_ARGUMENTS):
             if sample.takes(name) and not (name == "q" and "alias:k" in sample.q_storage):
-                takers.setdefault((name, record(name, sample.problem).name), []).append(i)
-    for (name, _), those in takers.items():
-        argument = record(name, samples[those[0]].problem)
-        variants = [f for f in storage_variants(argument) if _may_take(samples[those[0]], name, f)]
-        for j, spec in enumerate(variants):
-            if j < len(those):
-                i = those[j]
-            else:  # more forms than members: a copy of one more, this argument in that form, the rest packed
-                samples.append(samples[those[j % len(those)]])
+                takers.setdefault(record(name, sample.problem).name, []).append((i, name))
+    given = set()
+    for those in takers.values():
+        first, first_name = those[0]
+        for j, spec in enumerate(storage_variants(record(first_name, samples[first].problem))):
+            able = [(i, name) for i, name in those if _may_take(samples[i], name, spec)]
+            free = [taker for taker in able if taker not in given]
+            if free:
+                i, name = free[0]
+            elif able:  # more forms than members: a copy of one more, this argument in that form, the rest packed
+                i, name = able[j % len(able)]
+                samples.append(samples[i])
                 laid.append(dict(q_storage=samples[-1].q_storage, k_storage="contiguous", v_storage="contiguous",
                                  storage={}))
                 i = len(samples) - 1
+            else:
+                continue
+            given.add((i, name))
             _give(laid[i], name, spec)
     return [s.replace(q_storage=f["q_storage"], k_storage=f["k_storage"], v_storage=f["v_storage"],
                       storage=tuple(f["storage"].items())) for s, f in zip(samples, laid)]
