@@ -7,8 +7,8 @@ strides, offsets and buffers: fmha.oracles.storage.observed), never from what a 
 
 Each row is reached (with its count), excluded by the kernel's declaration (and which part of it),
 or not drawn (a form whose values the draws cannot keep valid yet: named, never silently absent).
-The pytest plug-in prints the same audit for a session's calls (fmha.ci.hazard_report); a freedom
-the covering set does not reach fails tests/test_coverage_audit.py.
+A pytest session's summary says how many freedoms its calls showed (fmha.ci.hazard_report); a
+freedom the covering set does not reach fails tests/test_arguments.py.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
+from fmha.properties.strategies import NOT_DRAWN
 
 DEFAULT_KERNELS = ("fmha", "triton", "reference", "sdpa-math")
 
@@ -38,8 +39,6 @@ class Row:
 
 def excluded(argument: Argument, freedom: str, caps) -> str:
     """Why a kernel of `caps` never gets `freedom` of `argument`, or ""."""
-    from fmha.properties.strategies import NOT_DRAWN
-
     if argument.calls == ("merge",):
         return "a merge's argument (audited with fmha.merge's laws)"
     if not set(caps.sources) & set(argument.calls):

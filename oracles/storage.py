@@ -45,7 +45,7 @@ def forms(spec: str, argument: Argument) -> tuple[str, ...]:
         spec = PRESETS[spec].format(H=argument.shape[-2] if len(argument.shape) > 1 else "")
     named = tuple(f for f in spec.split("+") if f)
     allowed = storage_freedoms(argument)
-    unknown = [f for f in named if f not in allowed and not f.startswith("alias:")]
+    unknown = [f for f in named if f not in allowed]
     if unknown:
         raise ValueError(f"storage of {argument.name}: {unknown} are not among its freedoms ({', '.join(allowed)})")
     return named
