@@ -45,6 +45,11 @@ def _sink(caps: Capabilities, dtype) -> bool:
     return ("sink" in caps.features and dtype in (torch.bfloat16, None)) or "sink" in caps.requires
 
 
+def _rows(caps: Capabilities, prefer: int) -> int:
+    """Query rows a request: `prefer`, or the most a kernel declares (a decode kernel's one)."""
+    return min(prefer, caps.max_q_len or prefer)
+
+
 def _block_size(caps: Capabilities, prefer: int) -> int:
     return prefer if caps.block_sizes is None or prefer in caps.block_sizes else min(caps.block_sizes)
 
@@ -62,10 +67,11 @@ def _paged(caps, dtype, seed, ragged: bool, distribution: str = "normal") -> Sam
         return None
     bs = _block_size(caps, 5 if not ragged else 16)
     heads_q, heads_kv = _heads(caps, 3, 2)
-    rows = 3
+    rows = _rows(caps, 3)
     empty = caps.empty_rows and not caps.q_len_at_most_kv_len
     if ragged:
         q_lens = (0, 1, rows, 0, 1, 0, 2) if caps.empty_query_requests else (1, 1, rows, 2, 1, 1, 2)
+        q_lens = tuple(min(n, rows) for n in q_lens)
         kv_lens = (bs, 2 * bs + 3, 2 if empty else rows, 2 * bs, bs + 1, 4, 0 if caps.empty_rows else 2)
     else:
         q_lens = None
@@ -84,7 +90,7 @@ def _paged(caps, dtype, seed, ragged: bool, distribution: str = "normal") -> Sam
 def _quantized_paged(caps, layout, seed) -> Sample | None:
     bs = _block_size(caps, 16)
     heads_q, _ = _heads(caps, 3, 1)
-    rows = 2
+    rows = _rows(caps, 2)
     empty = caps.empty_rows and not caps.q_len_at_most_kv_len
     problem = Problem(batch=3, q_len=rows, kv_len=2 * bs + 3, heads_q=heads_q, heads_kv=1, head_dim=512,
                       shared_kv=True, causal="causal" in caps.features, window=5 if "window" in caps.features else None,
@@ -109,7 +115,7 @@ def _sparse(caps, dtype, seed, layout=None, extra_layout=None, two_scopes=False,
     heads_kv = 1 if layout else heads_kv
     extra = dict(extra_topk=max(64, caps.topk_multiple_of), extra_block_size=_block_size(caps, 5),
                  extra_cache_layout=extra_layout) if two_scopes else {}
-    problem = Problem(batch=3 if two_scopes else 2, q_len=3, kv_len=topk, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+    problem = Problem(batch=3 if two_scopes else 2, q_len=_rows(caps, 3), kv_len=topk, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
                       dtype=torch.bfloat16 if layout else dtype, shared_kv=True,
                       sink=_sink(caps, dtype) and not few_keys,
                       source="sparse", block_size=bs, cache_layout=layout, **extra)

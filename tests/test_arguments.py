@@ -77,6 +77,22 @@ def test_the_covering_set_reaches_every_freedom_a_declaration_allows(name, devic
     assert not coverage.unreached(rows), coverage.table(name, rows)
 
 
+def test_a_decode_kernel_of_one_row_and_one_block_size_gets_every_form_too():
+    """A narrow declaration (paged, one query row a request, pages of 16) gets covering samples
+    of its own shape, not the general kernel's minus the ones it cannot take (3 query rows each:
+    it got none), and every freedom its declaration allows."""
+    import dataclasses
+
+    from fmha.oracles.reference_kernel import CAPABILITIES, ENTRY
+
+    caps = dataclasses.replace(CAPABILITIES, sources=frozenset({"paged"}), max_q_len=1, block_sizes=(16,))
+    kernel = dataclasses.replace(ENTRY, name="decode-one-row", capabilities=caps, device_capabilities={})
+    samples = covering.covering_samples(kernel, "cpu")
+    assert samples and all(s.problem.q_len == 1 and s.problem.block_size == 16 for s in samples)
+    rows = coverage.audit(caps, coverage.reached_by(samples, kernel, "cpu"))
+    assert not coverage.unreached(rows), coverage.table(kernel.name, rows)
+
+
 @pytest.mark.parametrize("argument, freedom", [("q", "order:Hq.B.T"), ("sink", "step:Hq"), ("out", "order:Hq.T.B"),
                                                ("indices", "zero:T")])
 def test_the_audit_names_a_freedom_the_draws_lost(monkeypatch, argument, freedom):
