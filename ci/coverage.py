@@ -79,19 +79,14 @@ def unreached(rows: list[Row]) -> list[Row]:
 def reached_by(samples, kernel, device: str) -> Counter:
     """What `samples`' calls of `kernel` hand it, counted as run_kernel counts them (out= as it
     lays it out), without calling the kernel."""
-    from fmha.contract.paged_validation import output_shape
-    from fmha.oracles.kernel_call import poisoned_out
-    from fmha.oracles.storage import freedoms_of, record
+    from fmha.oracles.kernel_call import out_for
+    from fmha.oracles.storage import freedoms_of
 
     counts = Counter()
     takes_out = "out" in kernel.capabilities_on(device).features
     for sample in samples:
         x = sample.inputs(device)
-        call = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs()}
-        if takes_out:
-            p = x.problem
-            call["out"] = poisoned_out(output_shape(p, total_q=x.q.shape[0]), p.dtype, device,
-                                       sample.storages.get("out", ""), record("out", p))[1]
+        call = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs(), **({"out": out_for(x)[1]} if takes_out else {})}
         counts.update(freedoms_of(call, x.problem))
     return counts
 

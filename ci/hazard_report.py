@@ -14,26 +14,22 @@ import pytest
 from fmha.oracles.hazards import DRAWN, HAZARDS
 from fmha.oracles.storage import REACHED
 
-SESSION = pytest.StashKey[Counter]()
-BEFORE = pytest.StashKey[Counter]()
-STORAGE_SESSION = pytest.StashKey[Counter]()
-STORAGE_BEFORE = pytest.StashKey[Counter]()
+# What each counts, by its key in a worker's output: hazards (by name) and storage freedoms
+# ((record, freedom), sent as a list).
+COUNTED = {"fmha_hazards": DRAWN, "fmha_storage": REACHED}
+SESSION = pytest.StashKey[dict]()
+BEFORE = pytest.StashKey[dict]()
 
 
 def pytest_configure(config):
-    config.stash[SESSION] = Counter()
-    config.stash[STORAGE_SESSION] = Counter()
+    config.stash[SESSION] = {key: Counter() for key in COUNTED}
     # A session run in-process inside another (pytester) counts only its own draws.
-    config.stash[BEFORE] = Counter(DRAWN)
-    config.stash[STORAGE_BEFORE] = Counter(REACHED)
+    config.stash[BEFORE] = {key: Counter(counter) for key, counter in COUNTED.items()}
 
 
-def _drawn_here(config) -> Counter:
-    return Counter(DRAWN) - config.stash[BEFORE]
-
-
-def _reached_here(config) -> Counter:
-    return Counter(REACHED) - config.stash[STORAGE_BEFORE]
+def _here(config, key: str) -> Counter:
+    """This session's counts of `key`: the workers' added up, and this process's own."""
+    return config.stash[SESSION][key] + (Counter(COUNTED[key]) - config.stash[BEFORE][key])
 
 
 def _covering_tests() -> set[str]:
@@ -45,21 +41,21 @@ def _covering_tests() -> set[str]:
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: its counts go to the controller
-        workeroutput["fmha_hazards"] = dict(_drawn_here(session.config))
-        workeroutput["fmha_storage"] = [[a, f, n] for (a, f), n in _reached_here(session.config).items()]
+        for key in COUNTED:
+            workeroutput[key] = [[k, n] for k, n in _here(session.config, key).items()]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     output = getattr(node, "workeroutput", {})
-    node.config.stash[SESSION].update(output.get("fmha_hazards", {}))
-    node.config.stash[STORAGE_SESSION].update({(a, f): n for a, f, n in output.get("fmha_storage", [])})
+    for key in COUNTED:
+        node.config.stash[SESSION][key].update({tuple(k) if isinstance(k, list) else k: n for k, n in output.get(key, [])})
 
 
 def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workeroutput"):
         return
-    counts = config.stash[SESSION] + _drawn_here(config)
+    counts = _here(config, "fmha_hazards")
     if not counts:  # no draw of the contract in this session
         return
     drawn = ", ".join(f"{name} {counts[name]}" for name in HAZARDS if counts[name])
@@ -70,7 +66,7 @@ def pytest_terminal_summary(terminalreporter, config):
     missing = [name for name, h in HAZARDS.items() if h.kind != "sequence" and not counts[name]]
     if ran and missing:
         terminalreporter.write_line(f"fmha: no draw carried {', '.join(missing)} (the kernels under test may opt out)")
-    reached = config.stash[STORAGE_SESSION] + _reached_here(config)
+    reached = _here(config, "fmha_storage")
     if reached:
         from fmha.contract.arguments import ARGUMENTS, storage_freedoms
 

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from fmha.contract.arguments import ARGUMENTS
 from fmha.contract.cache_layouts import LAYOUTS
 from fmha.contract.slots import request_slots
+from fmha.oracles.storage import observed
 
 if TYPE_CHECKING:
     from fmha.contract import Problem
@@ -153,9 +155,6 @@ def _wide_table(x: Inputs) -> bool:
 
 
 def _padded_pages(x: Inputs) -> bool:
-    from fmha.contract.arguments import ARGUMENTS
-    from fmha.oracles.storage import observed
-
     if x.problem.source == "dense":
         return False
     for cache, layout in _caches(x):

@@ -54,6 +54,13 @@ def poisoned_out(shape, dtype: torch.dtype, device, spec: str = "", argument=Non
     return buffer, out
 
 
+def out_for(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, out): the poisoned out= a call of `inputs` is handed, in the sample's storage form for it."""
+    p = inputs.problem
+    return poisoned_out(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device,
+                        inputs.sample.storages.get("out", ""), record("out", p))
+
+
 def _assert_margins_kept(kernel: KernelEntry, buffer: torch.Tensor, out: torch.Tensor) -> None:
     """Every element of out='s buffer that is not out's still holds the poison."""
     outside = torch.ones(buffer.numel(), dtype=torch.bool, device=buffer.device)
@@ -85,10 +92,7 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None)
     kwargs = inputs.kwargs()
     out = None
     if use_out:
-        p = inputs.problem
-        spec = inputs.sample.storages.get("out", "")
-        buffer, out = poisoned_out(output_shape(p, total_q=inputs.q.shape[0]), p.dtype, inputs.q.device, spec,
-                                   record("out", p))
+        buffer, out = out_for(inputs)
         kwargs["out"] = out
         DRAWN["poison-around-out"] += 1
     call = {"q": inputs.q, "k": inputs.k, "v": inputs.v, **kwargs}

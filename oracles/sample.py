@@ -243,11 +243,15 @@ class Sample:
                 continue
             argument = storage.record(name, p)
             own = "+".join(f for f in spec.split("+") if not f.startswith("alias:"))
-            laid[name] = storage.lay_out(t, argument, own, _fill(name, t, call, fill))
+            laid[name] = storage.lay_out(t, argument, own, _fill(name, t, fill))
         laid["v"] = laid["k"] if x.v is x.k else laid["v"]
         _share_buffers(laid, forms, p, fill)
         source_args = {name: laid[name] for name in x.source_args}
-        sources = oracle.from_call(laid["k"], laid["v"], **source_args) if p.source != "dense" else []
+        # The oracle's sources hold the same values unless stride 0 changed some it reads (q and
+        # the sink it takes from the call): only then read again (a quantized cache decoded again).
+        changed = any("zero:" in spec for name, spec in forms.items() if name not in ("q", "sink", "out"))
+        sources = oracle.from_call(laid["k"], laid["v"], **source_args) if changed and p.source != "dense" \
+            else x.oracle_sources
         return Inputs(self, laid["q"], laid["k"], laid["v"], laid["sink"], source_args, sources)
 
     def draw(self, g: torch.Generator, kv_len: int | None = None):
@@ -298,7 +302,7 @@ def _storage_kept(sample: Sample, problem: Problem) -> dict:
                 storage=tuple((name, kept(name, spec)) for name, spec in sample.storage))
 
 
-def _fill(name: str, t: torch.Tensor, call: dict, fill: float):
+def _fill(name: str, t: torch.Tensor, fill: float):
     """What the buffer around argument `name`'s view holds."""
     if name == "block_table":  # the entry past the longest request's pages names the page of poison
         return int(t[0, -1]) if t.numel() else 0

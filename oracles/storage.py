@@ -16,6 +16,7 @@ from collections import Counter
 import torch
 
 from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
+from fmha.contract.cache_layouts import LAYOUTS
 
 # A view's start past its buffer's: 48 bytes keeps the 16-byte alignment vectorised loads and
 # bulk copies need (a quantized cache: one page alignment, 576 bytes).
@@ -96,12 +97,15 @@ def _filled(n: int, fill, like: torch.Tensor) -> torch.Tensor:
     return torch.full((n,), fill, dtype=like.dtype, device=like.device)
 
 
+def _layout_of(cache: torch.Tensor):
+    """The cache layout whose tokens are as many bytes as `cache`'s (their pages are alike)."""
+    return next(spec for spec in LAYOUTS.values() if spec.token_bytes == cache.shape[-1])
+
+
 def _page_format(cache: torch.Tensor, named, fill) -> torch.Tensor:
     """A quantized cache (num_blocks, block_size, 1, token_bytes) whose pages are spaced one page
     alignment apart more (`step:`), or which starts one alignment into its buffer (`offset`)."""
-    from fmha.contract.cache_layouts import LAYOUTS
-
-    alignment = next(iter(LAYOUTS.values())).page_alignment
+    alignment = _layout_of(cache).page_alignment
     num_blocks, block_size = cache.shape[:2]
     used = block_size * cache.shape[-1]
     page = -(-max(cache.stride(0), used) // alignment) * alignment
@@ -121,10 +125,7 @@ def observed(t: torch.Tensor, argument: Argument, size_one: bool = False) -> set
         found.add("offset")
     dims = argument.shape
     if argument.fixed_format:
-        from fmha.contract.cache_layouts import LAYOUTS
-
-        if t.shape[0] > 1 and t.stride(0) > min(spec.page_bytes(t.shape[1]) for spec in LAYOUTS.values()
-                                                  if spec.token_bytes == t.shape[-1]):
+        if t.shape[0] > 1 and t.stride(0) > _layout_of(t).page_bytes(t.shape[1]):
             found.add(f"step:{dims[0]}")
         return found
     strided = [dims.index(d) for d in argument.strided_dims]

@@ -14,11 +14,10 @@ from __future__ import annotations
 import torch
 
 from fmha.contract import CACHE_LAYOUTS, Capabilities, Problem
-from fmha.contract.arguments import storage_freedoms
 from fmha.oracles.hazards import HAZARDS, UNSAMPLED, hostile, present
 from fmha.oracles.sample import OTHER_ARGUMENTS, Sample
 from fmha.oracles.storage import record
-from fmha.properties.strategies import NOT_DRAWN
+from fmha.properties.strategies import drawn_freedoms
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Pairs of hazards whose interaction is a bug of its own, each drawn together in one sample.
@@ -209,7 +208,7 @@ def storage_variants(argument) -> list[str]:
     """Forms of `argument` that together show each of its record's freedoms: each other memory
     order with a step along every dim and an offset; stride 0 along every dim (it may take);
     each buffer it may share (with a step)."""
-    free = [f for f in storage_freedoms(argument) if f not in NOT_DRAWN.get(argument.name, ())]
+    free = drawn_freedoms(argument)
     steps = [f for f in free if f.startswith(("step:", "offset"))]
     orders = [f for f in free if f.startswith("order:")]
     zeros = [f for f in free if f.startswith("zero:")]

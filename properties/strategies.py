@@ -189,10 +189,16 @@ NOT_DRAWN = {"k cache": ("zero:num_blocks", "zero:block_size"), "v cache": ("zer
              "block_table": ("zero:B",)}
 
 
+def drawn_freedoms(argument) -> list[str]:
+    """The freedoms of `argument`'s record the draws give it (all but NOT_DRAWN)."""
+    return [f for f in storage_freedoms(argument) if f not in NOT_DRAWN.get(argument.name, ())]
+
+
 def storage_form(argument, aliases: bool = True):
     """A storage form of `argument`'s record (fmha.contract.arguments): another memory order
-    now and then, up to two more freedoms; "" (packed) is where shrinking goes."""
-    free = [f for f in storage_freedoms(argument) if f not in NOT_DRAWN.get(argument.name, ())]
+    now and then, up to two more freedoms; "" (packed) is where shrinking goes. A step along a
+    dim at stride 0 may be drawn: it steps over nothing (fmha.oracles.storage.lay_out)."""
+    free = drawn_freedoms(argument)
     orders = [f for f in free if f.startswith("order:")]
     shared = [f for f in free if f.startswith("alias:")] if aliases else []
     others = [f for f in free if not f.startswith(("order:", "alias:"))]
@@ -200,13 +206,7 @@ def storage_form(argument, aliases: bool = True):
     order = st.one_of(st.just([]), st.sampled_from(orders).map(lambda f: [f])) if orders else st.just([])
     # a shared buffer every other draw where the argument may have one (a fused projection's q, k, v)
     alias = st.sampled_from([[], *([f] for f in shared)]) if shared else st.just([])
-    return st.tuples(order, chosen, alias).map(lambda parts: "+".join(_compatible(parts[0] + parts[1] + parts[2])))
-
-
-def _compatible(forms: list[str]) -> list[str]:
-    """Stride 0 along a dim drops a step along it (nothing to step over)."""
-    zeros = {f[5:] for f in forms if f.startswith("zero:")}
-    return [f for f in forms if not (f.startswith("step:") and f[5:] in zeros)]
+    return st.tuples(order, chosen, alias).map(lambda parts: "+".join(parts[0] + parts[1] + parts[2]))
 
 
 @st.composite

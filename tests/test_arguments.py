@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,8 @@ def test_each_form_keeps_the_values_and_shows_its_freedom(name):
     along a dim at stride 0), and reading its strides back names the form: what the audit counts
     is what a kernel gets."""
     argument = ARGUMENTS[name]
-    t = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32)[:torch.Size([2, 3, 4, 5][-len(argument.shape):]).numel()]
-    t = t.view([2, 3, 4, 5][-len(argument.shape):])
+    shape = (2, 3, 4, 5)[-len(argument.shape):]
+    t = torch.arange(math.prod(shape), dtype=torch.float32).view(shape)
     for form in storage_freedoms(argument):
         if form.startswith("alias:"):
             continue
