@@ -108,10 +108,11 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     if p.ragged:
         q = torch.cat([q[b, :n] for b, n in enumerate(q_lens)])
         args["cu_seqlens_q"] = _int32([0, *torch.tensor(q_lens).cumsum(0).tolist()], device)
+    q = _meeting_outliers(sample, q)
     if "strided-queries" in sample.hazards:
         q = _strided_heads(q, fill)
-    k_call, oracle_k = _quantized(k_cache, p.cache_layout, read, fill, every_code=_coder(sample),
-                                  padded=hostile)
+    k_call, oracle_k = _quantized(k_cache, p.cache_layout, read, fill, sample.cache_exponent, sample.outliers,
+                                  _coder(sample), padded=hostile)
     v_call, oracle_v = (k_call, oracle_k) if v_cache is k_cache else (v_cache, v_cache)
     args["cache_layout"] = p.cache_layout
     source = oracle.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
@@ -183,7 +184,7 @@ def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
         args |= extra_args
         sources += extra_sources
     cache = args.pop("k_cache")
-    q = q.to(**cast)
+    q = _meeting_outliers(sample, q.to(**cast))
     if "strided-queries" in sample.hazards:
         q = _strided_heads(q, fill)
     return Inputs(sample, q, cache, cache, sink, _given(args), sources)
@@ -294,13 +295,12 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill
     # tile's scale would pass.
     magnitudes = 2.0 ** (torch.arange(spec.tiles, dtype=torch.float64, device=cache.device) % 5 - 2 + exponent)
     clean[..., :spec.quantized_dims] *= magnitudes.repeat_interleave(spec.tile)
-    if outliers:  # each tile's largest element scaled up until the tile's scale, which follows it,
-        # leaves the others the element's smallest codes: most of e4m3's at 2^14 below the top are
-        # subnormal (exponent bits 0), e2m1's at 2^2 span 0.5 to 6: most of every key's elements
-        # sit in the codes a kernel is likeliest to flush or misdecode.
+    if outliers:  # each tile's first element made its largest times 2^k: the tile's scale, which
+        # follows it, leaves the others the element's smallest codes (most of e4m3's at 2^14 below
+        # the top are subnormal, exponent bits 0; e2m1's at 2^2 span 0.5 to 6): most of every key's
+        # elements sit in the codes a kernel is likeliest to flush or misdecode.
         tiles = clean[..., :spec.quantized_dims].unflatten(-1, (spec.tiles, spec.tile))
-        column = tiles.abs().argmax(dim=-1, keepdim=True)
-        tiles.scatter_(-1, column, tiles.gather(-1, column) * 2.0 ** (2 if spec.element.bits == 4 else 14))
+        tiles[..., 0] = torch.copysign(tiles.abs().amax(dim=-1) * 2.0 ** _outlier_log2(spec), tiles[..., 0])
     pages = quantization.quantize(clean, spec)
     if every_code is not None:
         _every_code(pages, spec, block_size, read if seen is None else seen, every_code)
@@ -325,6 +325,24 @@ def _quantized(cache: torch.Tensor, layout: str | None, read: torch.Tensor, fill
                                            scales[..., :spec.tiles])
     call = pages[:, :block_size * spec.token_bytes].view(num_blocks, block_size, 1, spec.token_bytes)
     return call, quantization.dequantize(pages, spec, block_size)
+
+
+def _outlier_log2(spec) -> int:
+    return 2 if spec.element.bits == 4 else 14
+
+
+def _meeting_outliers(sample: Sample, q: torch.Tensor) -> torch.Tensor:
+    """q whose elements facing the cache's outliers (each tile's first) are 2^k smaller, at a
+    cache scale of 2^0: q meets an outlier at the other elements' weight, so the small codes
+    carry the logits, and a kernel that flushes or misdecodes them moves the LSE by units, not
+    by the outlier's rounding. At 2^+-96 q meets them at full weight: logits at fp32's edge."""
+    layout = sample.problem.cache_layout
+    if not (sample.outliers and layout and sample.cache_exponent == 0):
+        return q
+    spec = quantization.LAYOUTS[layout]
+    q = q.clone()
+    q[..., :spec.quantized_dims:spec.tile] *= 2.0 ** -_outlier_log2(spec)
+    return q
 
 
 def _every_code(pages: torch.Tensor, spec, block_size: int, read: torch.Tensor, g: torch.Generator) -> None:

@@ -61,7 +61,7 @@ class Sample:
     repeats: float = 0.0  # sparse: the share of a row's indices that repeat another of its indices
     last_slot: bool = False  # sparse: a key in the cache's last slot (the last page's last offset)
     cache_exponent: int = 0  # quantized caches: keys scaled by 2^e (ue8m0 scales toward an end)
-    outliers: bool = False  # quantized caches: one element a tile 2^10 larger (subnormal codes beside it)
+    outliers: bool = False  # quantized caches: each tile's first element 2^14 (e2m1: 2^2) times the others (small codes beside it)
     # Contract v2: the layout hazards laid in (fmha.oracles.hazards.LAYOUT_HAZARDS: poison in unread
     # keys, strided tables, caches and queries, runs of -1, every code of a format); a hostile draw
     # names every one that applies.

@@ -173,8 +173,9 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
         found += [_sparse(caps, dtype, seed) for dtype in DTYPES]
         found += [_sparse(caps, torch.bfloat16, seed, distribution="negative_logits")]
         found += [_sparse(caps, None, seed, layout) for layout in CACHE_LAYOUTS]
-        # scales at either end, a few keys a row: each key's decoding shows in the rows' logits
-        found += [_sparse(caps, None, seed, "dsv4-fp8", exponent=e, few_keys=True) for e in (-96, 96)]
+        # scales at either end and at 2^0 (q meets the outliers at the small codes' weight), a few
+        # keys a row: each key's decoding shows in the rows' logits
+        found += [_sparse(caps, None, seed, "dsv4-fp8", exponent=e, few_keys=True) for e in (-96, 0, 96)]
         if "two_scopes" in caps.sources:
             found += [_sparse(caps, torch.bfloat16, seed, two_scopes=True),
                       _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True),

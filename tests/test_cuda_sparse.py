@@ -199,13 +199,14 @@ def test_a_miscounted_peer_barrier_hangs_and_is_caught_in_bounded_time(cuda_hopp
 @GPU
 @pytest.mark.starts_first  # nvcc builds its mutant first (60-90 s on the H200 machine)
 def test_flushed_subnormals_are_caught_by_the_fp8_law_and_by_every_code(cuda_hopper):
-    """The law's draws put subnormal codes beside an outlier in every tile; the code test
-    decodes each of them."""
+    """The law's covering sample at scale 2^0 puts subnormal codes beside an outlier in every
+    tile, q meeting the outliers at their weight: the small codes carry the LSE (its draws do so
+    only now and then); the code test decodes each of them."""
     mutant = MUTANT["cuda-sparse-subnormals-flushed"]
     law = LAWS["fp8_cache_calls_agree_with_the_oracle"]
     with pytest.raises(AssertionError, match=mutant.name):
         law.run(cuda_hopper, mutant.kernel(), settings=settings(max_examples=30, derandomize=True, database=None,
-                                                                deadline=None), pinned=False)
+                                                                deadline=None))
     for scale_code in (127, 245):  # the f16 pass's, the bf16 pass's
         failure = _decoding_failure(_every_e4m3_code_page(scale_code), cache_layouts.DSV4_FP8, 128, cuda_hopper,
                                     mutant.kernel())

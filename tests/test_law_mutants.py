@@ -17,6 +17,7 @@ from fmha.oracles.reference_kernel import reference
 from fmha.oracles.sample import Sample
 from fmha.properties import catalog, dense_laws
 from fmha.properties.catalog import LAWS
+from fmha.properties.covering import for_law
 from fmha.properties.law_record import run_law
 from fmha.properties.strategies import samples
 from fmha.regressions.eager_mutants import CORRECT, CORRECT_MERGE, PROMISING, eager_kernel
@@ -96,6 +97,19 @@ def test_each_draw_reaches_the_bug_it_is_for(mutant_name):
     with pytest.raises(AssertionError) as caught:
         law.run("cpu", mutant, settings=FIND, pinned=False)
     assert mutant.name in str(caught.value), str(caught.value)[:2000]
+
+
+def test_each_covering_sample_at_scale_one_catches_flushed_subnormals():
+    """The fp8 family's covering samples at scale 2^0 (outliers, q meeting them at the small
+    codes' weight: those codes carry the logits) each fail a kernel that flushes e4m3
+    subnormals, paged and sparse: no draw needed, whatever the run's seed."""
+    law = LAWS["fp8_cache_calls_agree_with_the_oracle"]
+    mutant = MUTANTS["fp8-subnormals-flushed"].kernel()
+    at_one = [s for s in for_law(law, mutant, "cpu") if s.outliers and s.cache_exponent == 0]
+    assert {s.problem.source for s in at_one} == {"paged", "sparse"}, [s.id for s in at_one]
+    for sample in at_one:
+        with pytest.raises(AssertionError, match="lse: error"):
+            law.check(mutant, sample, "cpu")
 
 
 @pytest.mark.parametrize("law_name, mutant_name, seed, says", [

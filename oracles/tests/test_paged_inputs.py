@@ -103,3 +103,26 @@ def test_quantized_bytes_decode_to_what_the_oracle_reads_and_unread_tokens_to_na
         flat = decoded.flatten(0, 1)
         assert all(flat[s].isnan().all() == (s not in read) for s in range(flat.shape[0]))
         assert math.isfinite(float(flat[sorted(read)].abs().max()))
+
+
+@pytest.mark.parametrize("source", ["paged", "sparse"])
+def test_a_quantized_caches_drawn_scale_and_outliers_reach_its_bytes(source):
+    """cache_exponent multiplies every key the call reads by 2^e exactly (ue8m0 scales are powers
+    of two); outliers make each tile's first element 2^14 times the others, and at 2^0 make q's
+    elements facing them 2^14 smaller, so the small codes carry the logits."""
+    problem = Problem(batch=2, q_len=2, kv_len=5, heads_q=4, heads_kv=1, head_dim=512, shared_kv=True, source=source,
+                      block_size=3, cache_layout="dsv4-fp8")
+    plain, shifted, outlying = (Sample(problem=problem, seed=5, **fields).inputs()
+                                for fields in ({}, dict(cache_exponent=96), dict(outliers=True)))
+
+    def read_keys(x):
+        keys = x.oracle_sources[0].k_cache.flatten(0, 2)
+        return keys[keys.isfinite().all(-1)][:, :448]
+
+    assert torch.equal(read_keys(shifted), read_keys(plain) * 2.0 ** 96)
+    tiles = read_keys(outlying).unflatten(-1, (7, 64)).abs()
+    assert (tiles[..., 0] >= tiles[..., 1:].amax(-1) * 2.0 ** 13).all()
+    facing = torch.zeros(512, dtype=torch.bool)
+    facing[:448:64] = True
+    torch.testing.assert_close(outlying.q[..., facing], plain.q[..., facing] * 2.0 ** -14, rtol=0, atol=0)
+    assert torch.equal(outlying.q[..., ~facing], plain.q[..., ~facing])
