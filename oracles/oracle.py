@@ -185,6 +185,24 @@ def attention(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch
     return answer(_stack([o for o, _ in results], ragged, 0), _stack([lse for _, lse in results], ragged, 1))
 
 
+def largest_logit(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
+                  scale: float | None = None, causal: bool = False, window: int | None = None) -> float:
+    """max |scale q.k| over the keys each row sees (0 where none): the contract keeps it within
+    fmha.contract.problem.LOGIT_LIMIT."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    top = 0.0
+    for b, q_b in enumerate(_requests(q, cu_seqlens_q)):
+        keys, _, visible = _gather(sources, b, q_b, causal, window)
+        group = q_b.shape[1] // keys.shape[2]
+        kv = "nkd" if keys.shape[0] == 1 else "tnkd"
+        scores = torch.einsum(f"tkgd,{kv}->tkgn", q_b.double().unflatten(1, (keys.shape[2], group)),
+                              keys[0].double() if keys.shape[0] == 1 else keys.double())
+        seen = visible[:, None, None, :].expand_as(scores)
+        if bool(seen.any()):
+            top = max(top, float(scores[seen].abs().max()) * scale)
+    return top
+
+
 def oracle_over(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: torch.Tensor | None = None,
                 scale: float | None = None, causal: bool = False, window: int | None = None,
                 sink: torch.Tensor | None = None) -> Oracle:

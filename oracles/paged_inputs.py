@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fmha.contract.problem import LOGIT_LIMIT
 from fmha.contract.slots import request_slots
 from fmha.oracles import oracle, quantization
 from fmha.oracles.hazards import invalid_run, invisible_keys, numeric_codes
@@ -108,14 +109,14 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     if p.ragged:
         q = torch.cat([q[b, :n] for b, n in enumerate(q_lens)])
         args["cu_seqlens_q"] = _int32([0, *torch.tensor(q_lens).cumsum(0).tolist()], device)
-    q = _meeting_outliers(sample, q)
-    if "strided-queries" in sample.hazards:
-        q = _strided_heads(q, fill)
     k_call, oracle_k = _quantized(k_cache, p.cache_layout, read, fill, sample.cache_exponent, sample.outliers,
                                   _coder(sample), padded=hostile)
     v_call, oracle_v = (k_call, oracle_k) if v_cache is k_cache else (v_cache, v_cache)
     args["cache_layout"] = p.cache_layout
     source = oracle.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
+    q = _logits_in_range(sample, _meeting_outliers(sample, q), [source], args.get("cu_seqlens_q"))
+    if "strided-queries" in sample.hazards:
+        q = _strided_heads(q, fill)
     return Inputs(sample, q, k_call, v_call, sink, _given(args), [source])
 
 
@@ -184,7 +185,7 @@ def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
         args |= extra_args
         sources += extra_sources
     cache = args.pop("k_cache")
-    q = _meeting_outliers(sample, q.to(**cast))
+    q = _logits_in_range(sample, _meeting_outliers(sample, q.to(**cast)), sources)
     if "strided-queries" in sample.hazards:
         q = _strided_heads(q, fill)
     return Inputs(sample, q, cache, cache, sink, _given(args), sources)
@@ -343,6 +344,18 @@ def _meeting_outliers(sample: Sample, q: torch.Tensor) -> torch.Tensor:
     q = q.clone()
     q[..., :spec.quantized_dims:spec.tile] *= 2.0 ** -_outlier_log2(spec)
     return q
+
+
+def _logits_in_range(sample: Sample, q: torch.Tensor, sources, cu_seqlens_q=None) -> torch.Tensor:
+    """q scaled down by a power of two (exactly) until every logit is within the contract's
+    LOGIT_LIMIT: keys at 2^96 beside outliers reach 1e39, whose fp32 LSE is infinite. Only such
+    keys can: other draws are returned as they are."""
+    if sample.cache_exponent <= 0:
+        return q
+    p = sample.problem
+    top = oracle.largest_logit(q, sources, cu_seqlens_q=cu_seqlens_q, scale=sample.scale, causal=p.causal,
+                               window=p.window)
+    return q * 2.0 ** -math.ceil(math.log2(top / LOGIT_LIMIT)) if top > LOGIT_LIMIT else q
 
 
 def _every_code(pages: torch.Tensor, spec, block_size: int, read: torch.Tensor, g: torch.Generator) -> None:

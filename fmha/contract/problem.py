@@ -23,6 +23,10 @@ CACHE_LAYOUTS = tuple(LAYOUTS)
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # What a paged or sparse call's lengths and indices say about its requests (Problem fields).
+# Every logit a row sees, scale * q.k, lies within +-2^127: s * log2(e), what a kernel working in
+# base 2 holds, is then an fp32, and so is the LSE. Past it a call is outside the contract.
+LOGIT_LIMIT = 2.0 ** 127
+
 PER_REQUEST = ("empty_query_requests", "q_len_over_kv_len", "rows_without_keys")
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from fmha.oracles import quantization, reference
-from fmha.oracles.oracle import attention, from_call, oracle_over
+from fmha.oracles.oracle import attention, from_call, largest_logit, oracle_over
 from fmha.oracles.sample import Sample
 from fmha.contract import Problem
+from fmha.contract.problem import LOGIT_LIMIT
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 PAGED = Problem(batch=3, q_len=2, kv_len=9, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=8, dtype=torch.float32,
@@ -126,3 +127,17 @@ def test_a_quantized_caches_drawn_scale_and_outliers_reach_its_bytes(source):
     facing[:448:64] = True
     torch.testing.assert_close(outlying.q[..., facing], plain.q[..., facing] * 2.0 ** -14, rtol=0, atol=0)
     assert torch.equal(outlying.q[..., ~facing], plain.q[..., ~facing])
+
+
+@pytest.mark.parametrize("source", ["paged", "sparse"])
+def test_keys_at_two_to_the_96_beside_outliers_reach_the_logit_limit_and_never_pass_it(source):
+    """Every logit ends within the contract's +-2^127 (past it the fp32 LSE is infinite, and a
+    kernel's -inf is the right rounding): the draws get close to the edge, not over it."""
+    problem = Problem(batch=2, q_len=2, kv_len=5, heads_q=4, heads_kv=1, head_dim=512, shared_kv=True, source=source,
+                      block_size=3, cache_layout="dsv4-fp8")
+    tops = []
+    for seed in range(6):
+        x = Sample(problem=problem, seed=seed, scale=1.0, distribution="negative_logits", cache_exponent=96,
+                   outliers=True).inputs()
+        tops.append(largest_logit(x.q, x.oracle_sources, scale=1.0))
+    assert max(tops) <= LOGIT_LIMIT and max(tops) > LOGIT_LIMIT / 2, tops
