@@ -343,3 +343,21 @@ def test_an_output_with_no_rows_passes(dtype):
     o = torch.zeros(1, 0, 4, 64, dtype=torch.float64)
     verdict = judge(measure(o.to(dtype), o, torch.zeros(1, 4, 0), torch.zeros(1, 4, 0, dtype=torch.float64)))
     assert verdict.passed, verdict.message()
+
+
+def test_identical_terms_summed_in_fp32_pass_and_a_dropped_key_still_fails():
+    """Every key and value one stride-0 row (a legal cache): an fp32 kernel adds the same term
+    N times and every addition rounds alike (an H100 measured 65 to 75 units over 470 to 693
+    keys). Summed one key at a time, 700 to 840 times the output's rounding, it passes; the same
+    output missing one key of 693 fails."""
+    keys, dim = 693, 16
+    v = torch.randn(dim, generator=torch.Generator().manual_seed(0)).float()
+    total = torch.zeros(dim)
+    for _ in range(keys):
+        total = total + v
+    O = v.double().view(1, 1, 1, dim)  # the mean of 693 copies of v
+    scales = dict(oracle_abs=O.abs(), oracle_squares=O.abs() / keys**0.5)
+    verdict = judge(measure((total / keys).view(1, 1, 1, dim), O, **scales))
+    assert verdict.passed, verdict.message()
+    dropped = ((total - v) / keys).view(1, 1, 1, dim)
+    assert not judge(measure(dropped, O, **scales)).passed
