@@ -109,6 +109,16 @@ LEDGER: tuple[KnownFailure, ...] = (
                  "H200, torch 2.11, 2026-12-03: the 7 bf16 paged named cases that run (re-laid as head dim 64, one "
                  "query row), e.g. batch-drops-last-key as hd64-T1-S9-paged4-B3-gqa2-h4-causal-bf16-normal-seed1-"
                  "kv_lens9.6.5: lse error 0.000304 at (b,h,t)=(0, 0, 0); flashinfer-prefill passes all 24 it runs"),
+    *(KnownFailure(
+        "sdpa-cudnn", test, "head dims 136 (bf16) and 216 (fp16) with large logits (|s| ~ 1e3, scale 1): rows "
+        "of cosine -0.2 to 0.06 against the oracle, 1.4e3 units of rounding, as if q.k were held in 16 bits; "
+        "the same calls at head dim 128 and 192, or with normal logits, pass. Cause not read", "fmha issue 59",
+        devices=("cuda",), version="torch 2.11.0+cu130, cuDNN backend", kind="unexplained", seeds="some",
+        evidence="pytest properties --fmha-device cuda --fmha-seed 20261206 on an H100, 2026-12-06: Sample(problem="
+                 "Problem(batch=2, q_len=15, kv_len=15, heads_q=6, heads_kv=2, head_dim=136, causal=True, "
+                 "shared_kv=True), scale=1.0, distribution='large_logits', run_seed=8886893392400025) fails with "
+                 "K = V and with separate copies; hd216 fp16 batch 7, T = S = 33, seed 728 in the sequence law")
+      for test in ("test_agrees_with_the_oracle", "test_calls_in_sequence_agree_with_the_oracle")),
 )
 
 
