@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
+from fmha.contract import ranges
 from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
 from fmha.properties.strategies import NOT_DRAWN
 
@@ -66,10 +67,24 @@ def excluded(argument: Argument, freedom: str, caps) -> str:
     return ""
 
 
-def audit(caps, counts: Counter) -> list[Row]:
-    """Every freedom of every record, against a kernel of `caps`, with `counts` ((record, freedom) -> calls)."""
-    return [Row(a.name, f, counts[(a.name, f)], excluded(a, f, caps))
+def audit(caps, counts: Counter, sizes: Counter | None = None) -> list[Row]:
+    """Every freedom of every record, against a kernel of `caps`, with `counts` ((record, freedom) ->
+    calls); then every size's (fmha.contract.ranges, its range narrowed by the declaration), with
+    `sizes` ((symbol, value) -> calls)."""
+    rows = [Row(a.name, f, counts[(a.name, f)], excluded(a, f, caps))
             for a in ARGUMENTS.values() for f in storage_freedoms(a)]
+    if sizes is not None:
+        rows += [Row(f"size {symbol}", f"{label} ({value})", sizes[(symbol, value)], _size_excluded(symbol, value, caps))
+                 for symbol, label, value in ranges.freedoms(caps)]
+    return rows
+
+
+def _size_excluded(symbol: str, value: int, caps) -> str:
+    if "dense" not in caps.sources:
+        return "sources: the sizes are a dense call's records (a paged or sparse call's: not records yet)"
+    if value > ranges.SIZES[symbol].affordable:
+        return "the GPU scale tier's (past what a CPU run affords)"
+    return ""
 
 
 def unreached(rows: list[Row]) -> list[Row]:
@@ -78,17 +93,18 @@ def unreached(rows: list[Row]) -> list[Row]:
 
 def reached_by(samples, kernel, device: str) -> Counter:
     """What `samples`' calls of `kernel` hand it, counted as run_kernel counts them (out= as it
-    lays it out), without calling the kernel."""
+    lays it out), without calling the kernel: (record, freedom) and (size, value) counts."""
     from fmha.oracles.kernel_call import out_for
     from fmha.oracles.storage import freedoms_of
 
-    counts = Counter()
+    counts, sizes = Counter(), Counter()
     takes_out = "out" in kernel.capabilities_on(device).features
     for sample in samples:
         x = sample.inputs(device)
         call = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs(), **({"out": out_for(x)[1]} if takes_out else {})}
         counts.update(freedoms_of(call, x.problem))
-    return counts
+        sizes.update(ranges.of_problem(x.problem).items())
+    return counts, sizes
 
 
 def draws(kernel, device: str, count: int, seed: int = 0) -> list:
@@ -142,7 +158,7 @@ def main(argv=None) -> int:
     status = 0
     for kernel in kernels:
         device = args.fmha_device
-        rows = audit(kernel.capabilities_on(device), reached_by(draws(kernel, device, args.draws), kernel, device))
+        rows = audit(kernel.capabilities_on(device), *reached_by(draws(kernel, device, args.draws), kernel, device))
         print(table(kernel.name, rows) + "\n")
         if unreached(rows):
             status = 1

@@ -262,6 +262,8 @@ def _bytes_of(t: torch.Tensor, copy: bool = True) -> torch.Tensor:
     if not t.numel():
         return t.new_zeros(0, dtype=torch.uint8)
     flat = t.detach().reshape(-1)
+    if flat.stride(0) != 1:  # one element a row (head dim 1): reshape keeps the row stride
+        return flat.contiguous().view(torch.uint8)
     return (flat.clone() if copy else flat).view(torch.uint8)
 
 

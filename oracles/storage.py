@@ -15,6 +15,7 @@ from collections import Counter
 
 import torch
 
+from fmha.contract import ranges
 from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
 from fmha.contract.cache_layouts import LAYOUTS
 
@@ -160,7 +161,9 @@ def aliased(tensors: dict[str, tuple[torch.Tensor, Argument]]) -> dict[str, set[
 # (record, freedom) -> how many calls made in this process handed a kernel a tensor showing it
 # (fmha.oracles.kernel_call counts them; fmha.ci.coverage reports).
 REACHED: Counter = Counter()
-__judge_state__ = ("REACHED",)  # fmha.oracles.guard: not a part of what judges
+# (size's symbol, its value) -> how many such calls (fmha.contract.ranges; the audit labels them).
+SIZES_SEEN: Counter = Counter()
+__judge_state__ = ("REACHED", "SIZES_SEEN")  # fmha.oracles.guard: not a part of what judges
 
 
 def freedoms_of(call: dict, problem) -> set[tuple[str, str]]:
@@ -174,3 +177,4 @@ def freedoms_of(call: dict, problem) -> set[tuple[str, str]]:
 
 def tally(call: dict, problem) -> None:
     REACHED.update(freedoms_of(call, problem))
+    SIZES_SEEN.update(ranges.of_problem(problem).items())

@@ -4,6 +4,8 @@ Each is here for a reason (the comment); the 72-config grid and the random strat
 beside it and go wider.
 """
 
+import torch
+
 from fmha.oracles.sample import Sample
 from fmha.contract import DTYPE_NAMES, Problem
 
@@ -38,6 +40,14 @@ FEATURE_CASES = [
     # q, k and v each in its own storage: heads broadcast, a gap between heads, a longer buffer
     Sample(problem=Problem(batch=2, q_len=5, kv_len=70, heads_q=4, heads_kv=2, head_dim=64, causal=True),
            q_storage="expanded", k_storage="strided", v_storage="sliced"),
+    # head dims of real models that tiles of 16 do not fit (a diffusion UNet's 40, SigLIP's 72)
+    Sample(problem=Problem(batch=1, q_len=3, kv_len=33, heads_q=4, heads_kv=2, head_dim=40, head_dim_v=72)),
+]
+
+# Wide calls, in one dtype (their cost is the width's): 258 query heads in two groups, 257 requests.
+WIDE_CASES = [
+    Sample(problem=Problem(batch=1, q_len=1, kv_len=17, heads_q=258, heads_kv=2, head_dim=16, dtype=torch.bfloat16)),
+    Sample(problem=Problem(batch=257, q_len=1, kv_len=9, heads_q=1, heads_kv=1, head_dim=16, dtype=torch.bfloat16)),
 ]
 
 DTYPES = tuple(DTYPE_NAMES)

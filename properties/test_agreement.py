@@ -5,9 +5,9 @@ import pytest
 
 from fmha.properties.run_settings import problem_params
 from fmha.oracles.check import check_sample
-from fmha.properties.feature_cases import AGREEMENT_DISTRIBUTIONS, FEATURE_CASES, with_dtypes
+from fmha.properties.feature_cases import AGREEMENT_DISTRIBUTIONS, FEATURE_CASES, WIDE_CASES, with_dtypes
 
-SAMPLES = [s.replace(distribution=d) for s in with_dtypes(FEATURE_CASES) for d in AGREEMENT_DISTRIBUTIONS]
+SAMPLES = [s.replace(distribution=d) for s in with_dtypes(FEATURE_CASES) for d in AGREEMENT_DISTRIBUTIONS] + WIDE_CASES
 
 
 @pytest.mark.parametrize("sample", problem_params(SAMPLES))

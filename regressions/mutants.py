@@ -9,7 +9,7 @@ patched from. They come from
 - fmha.regressions.eager_mutants (the dense laws'), fmha.regressions.paged_mutants (contract
   v2's, some of them a trap's too), fmha.regressions.shipped_mutants (bugs public kernels
   shipped, each with its source), fmha.regressions.storage_mutants (storage forms of the
-  argument records read wrong),
+  argument records read wrong), fmha.regressions.range_mutants (sizes past a point handled wrong),
 - fmha.regressions.gluon_mutants and fmha.regressions.cuda_mutants (Hopper only).
 
 Any of them runs as a kernel, by one spelling: `--fmha-kernel mutant:NAME`.
@@ -20,12 +20,12 @@ from __future__ import annotations
 import difflib
 from typing import Iterator, Mapping
 
-from fmha.regressions import (cuda_mutants, eager_mutants, gluon_mutants, paged_mutants, shipped_mutants,
-                              storage_mutants, traps)
+from fmha.regressions import (cuda_mutants, eager_mutants, gluon_mutants, paged_mutants, range_mutants,
+                              shipped_mutants, storage_mutants, traps)
 from fmha.regressions.mutation import Mutant
 
 FAMILIES = (eager_mutants.EAGER_MUTANTS, paged_mutants.PAGED_MUTANTS, shipped_mutants.SHIPPED_MUTANTS,
-            storage_mutants.STORAGE_MUTANTS, gluon_mutants.GLUON_DENSE_MUTANTS, gluon_mutants.GLUON_SPARSE_MUTANTS, cuda_mutants.CUDA_MUTANTS)
+            storage_mutants.STORAGE_MUTANTS, range_mutants.RANGE_MUTANTS, gluon_mutants.GLUON_DENSE_MUTANTS, gluon_mutants.GLUON_SPARSE_MUTANTS, cuda_mutants.CUDA_MUTANTS)
 
 
 class _Registry(Mapping):

@@ -74,7 +74,7 @@ def test_the_covering_set_reaches_every_freedom_a_declaration_allows(name, devic
     if kernel.not_supported_reasons(None, device):
         pytest.skip(f"{name}: {kernel.not_supported_reasons(None, device)[0]}")
     caps = kernel.capabilities_on(device)
-    rows = coverage.audit(caps, coverage.reached_by(covering.covering_samples(kernel, device), kernel, device))
+    rows = coverage.audit(caps, *coverage.reached_by(covering.covering_samples(kernel, device), kernel, device))
     assert not coverage.unreached(rows), coverage.table(name, rows)
 
 
@@ -90,7 +90,7 @@ def test_a_decode_kernel_of_one_row_and_one_block_size_gets_every_form_too():
     kernel = dataclasses.replace(ENTRY, name="decode-one-row", capabilities=caps, device_capabilities={})
     samples = covering.covering_samples(kernel, "cpu")
     assert samples and all(s.problem.q_len == 1 and s.problem.block_size == 16 for s in samples)
-    rows = coverage.audit(caps, coverage.reached_by(samples, kernel, "cpu"))
+    rows = coverage.audit(caps, *coverage.reached_by(samples, kernel, "cpu"))
     assert not coverage.unreached(rows), coverage.table(kernel.name, rows)
 
 
@@ -102,5 +102,22 @@ def test_the_audit_names_a_freedom_the_draws_lost(monkeypatch, argument, freedom
     kernel = resolve_kernel("reference")
     counts = coverage.reached_by(covering.covering_samples(kernel, "cpu"), kernel, "cpu")
     monkeypatch.setitem(strategies.NOT_DRAWN, argument, strategies.NOT_DRAWN[argument][:-1])
-    missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), counts))
+    missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), *counts))
     assert [(r.argument, r.freedom) for r in missing] == [(argument, freedom)]
+
+
+def test_the_audit_names_a_size_the_covering_samples_lost(monkeypatch):
+    """The covering samples with head dim 48 where they had 40 (as if the records had no =40): the
+    audit fails and names it."""
+    sizes = covering._sizes
+
+    def without_40(caps, seed):
+        return [s.replace(problem=s.problem.replace(head_dim=48, head_dim_v=48 if s.problem.head_dim_v == 40 else
+                                                    s.problem.head_dim_v)) if s.problem.head_dim == 40 else s
+                for s in sizes(caps, seed)]
+
+    monkeypatch.setattr(covering, "_sizes", without_40)
+    kernel = resolve_kernel("reference")
+    counts = coverage.reached_by(covering.covering_samples(kernel, "cpu"), kernel, "cpu")
+    missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), *counts))
+    assert [(r.argument, r.freedom) for r in missing] == [("size D", "=40 (40)")]

@@ -235,7 +235,7 @@ def test_an_honest_narrow_declaration_passes_and_bad_input_is_a_usage_error_from
     (work / "vllm_style.py").write_text(VLLM_STYLE)
     verify = _run([str(bin_dir / "python"), "-m", "fmha.ci.verify", "--fmha-kernel", "vllm_style:pages_of_16"], work, env)
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
-    assert "Agreement: 0 of 468 ran" in verify.stdout, verify.stdout[:2000]  # paged only: no dense agreement case
+    assert re.search(r"Agreement: 0 of \d+ ran", verify.stdout), verify.stdout[:2000]  # paged only: no dense agreement case
     assert "declares one block size (16): no other size to compare with" in verify.stdout, verify.stdout[-3000:]
     assert sorted(p.name for p in work.iterdir() if p.name != "__pycache__") == ["vllm_style.py"]
 
