@@ -157,10 +157,12 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     """The sizes' freedoms (fmha.contract.ranges) a CPU run affords, each in some sample: the head
     dims a kernel declares or the contract allows at their ends, past 8 bits and those of real
     models (40, 72), with query rows and keys at 255 to 257 beside them; 128 and 255 to 257 query
-    heads, KV heads and groups; 255 to 257 requests. Few rows, keys and heads beside the large size:
-    what a call costs is that size's alone."""
+    heads (KV heads and groups past 64 are the GPU scale tier's); 255 to 257 requests. Few rows, keys
+    and heads beside the large size: what a call costs is that size's alone."""
     dtype = torch.bfloat16 if torch.bfloat16 in caps.dtypes else caps.dtypes[0]
-    affordable = lambda symbol: sorted({n for _, n in _freedoms(caps, symbol, dtype) if n <= ranges.SIZES[symbol].affordable})  # noqa: E731
+    def affordable(symbol: str) -> list[int]:
+        return sorted({n for _, n in _freedoms(caps, symbol, dtype) if n <= ranges.SIZES[symbol].affordable})
+
     dims, rows, keys = affordable("D"), affordable("T"), affordable("S")
     split = caps.split_head_dim_v and "shared_kv" not in caps.requires
     # groups of 6 and 12 (real models'), of 2 over two KV heads one broadcast head (an even group
@@ -231,7 +233,7 @@ def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
     if "dense" in caps.sources:
         found += [_dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300),
                   _dense(caps, torch.float16, seed, "large_v", q_len=1, kv_len=2048, window=None)]
-        # sizes: a head dim 16 does not divide, 257 query heads, groups of 64, 257 requests
+        # sizes: a head dim 16 does not divide, 255 and 257 query heads in groups past 16, 257 requests
         sizes = _sizes(caps, seed)
         found += [s for s in sizes if s.problem.head_dim == 40][:1] + [
             s for s in sizes if s.problem.heads_q in (255, 257)] + [
