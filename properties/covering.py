@@ -157,8 +157,8 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     """The sizes' freedoms (fmha.contract.ranges) a CPU run affords, each in some sample: the head
     dims a kernel declares or the contract allows at their ends, past 8 bits and those of real
     models (40, 72), with query rows and keys at 255 to 257 beside them; 128 and 255 to 257 query
-    heads (KV heads and groups past 64 are the GPU scale tier's); 255 to 257 requests. Few rows, keys
-    and heads beside the large size: what a call costs is that size's alone."""
+    heads (KV heads, groups and requests past 64 are the GPU scale tier's). Few rows, keys and heads
+    beside the large size: what a call costs is that size's alone."""
     dtype = torch.bfloat16 if torch.bfloat16 in caps.dtypes else caps.dtypes[0]
     def affordable(symbol: str) -> list[int]:
         return sorted({n for _, n in _freedoms(caps, symbol, dtype) if n <= ranges.SIZES[symbol].affordable})
@@ -166,8 +166,8 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     dims, rows, keys = affordable("D"), affordable("T"), affordable("S")
     split = caps.split_head_dim_v and "shared_kv" not in caps.requires
     # groups of 6 and 12 (real models'), of 2 over two KV heads one broadcast head (an even group
-    # shows only where the KV heads are one: fmha.oracles.hazards._odd_group), then of 3
-    grouped = [(12, 6), (12, 12), (4, 2)] if "gqa" in caps.features else []
+    # shows only where the KV heads are one: fmha.oracles.hazards._odd_group), one head, then groups of 3
+    grouped = [*([(12, 6), (12, 12), (4, 2)] if "gqa" in caps.features else []), (1, 1)]
     found = []
     for i, head_dim in enumerate(dims):
         heads_q, group = grouped[i] if i < len(grouped) else (3, 3 if "gqa" in caps.features else 1)
@@ -175,15 +175,14 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
         found.append(Problem(batch=1, q_len=q_len, kv_len=max(keys[i] if i < len(keys) else 17, q_len), heads_q=heads_q,
                              heads_kv=heads_q // group, head_dim=head_dim, dtype=dtype,
                              head_dim_v=dims[-1 - i] if split else head_dim))
-    # (Hq, group, Hkv): 128 heads in groups of 64; 255 and 257 heads in odd groups past 16, 256 heads
-    # one a KV head (KV heads and groups past 64 are the GPU scale tier's: fmha.contract.ranges)
-    heads = [(128, 64, 2), (255, 17, 15), (256, 1, 256), (257, 257, 1)]
+    # (Hq, group, Hkv): 128 heads in groups of 64, 255 to 257 in groups past 16 (16 does not divide
+    # them: hostile); one KV head or a few, which a kernel's row tiles pack (256 KV heads, or 256
+    # requests, cost the interpreter a program each: the GPU scale tier's, fmha.contract.ranges)
+    heads = [(128, 64, 2), (255, 17, 15), (256, 256, 1), (257, 257, 1)]
     for heads_q, group, heads_kv in heads:
         if (group == 1 or "gqa" in caps.features) and (caps.heads_q is None or heads_q in caps.heads_q):
             found.append(Problem(batch=1, q_len=1, kv_len=17, heads_q=heads_q, heads_kv=heads_kv,
                                  head_dim=dims[0], dtype=dtype))
-    found += [Problem(batch=b, q_len=1, kv_len=9, heads_q=1, heads_kv=1, head_dim=dims[0], dtype=dtype)
-              for b in (255, 256, 257)]
     return [Sample(problem=p, seed=seed, k_storage="zero:Hkv" if p.heads_q == 2 * p.heads_kv == 4 else "contiguous")
             for p in found]
 
@@ -227,17 +226,15 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
 
 def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
     """The samples the laws of calls in sequence run first (their three calls each cost more than
-    a family's whole set would): a window past 256 keys, fp16 sums past 65504, three sizes' edges,
+    a family's whole set would): a window past 256 keys, fp16 sums past 65504, sizes' edges,
     a ragged batch of requests without rows, without keys and with more rows than keys."""
     found = []
     if "dense" in caps.sources:
         found += [_dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300),
                   _dense(caps, torch.float16, seed, "large_v", q_len=1, kv_len=2048, window=None)]
-        # sizes: a head dim 16 does not divide, 255 and 257 query heads in groups past 16, 257 requests
+        # sizes: a head dim 16 does not divide, 255 and 257 query heads in groups past 16
         sizes = _sizes(caps, seed)
-        found += [s for s in sizes if s.problem.head_dim == 40][:1] + [
-            s for s in sizes if s.problem.heads_q in (255, 257)] + [
-            s for s in sizes if s.problem.batch == 257]
+        found += [s for s in sizes if s.problem.head_dim == 40][:1] + [s for s in sizes if s.problem.heads_q in (255, 257)]
     if {"paged", "ragged"} <= caps.sources:
         found.append(_paged(caps, torch.bfloat16, seed, ragged=True))
     return [hostile(s, caps) for s in found if s is not None]

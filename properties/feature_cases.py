@@ -44,10 +44,9 @@ FEATURE_CASES = [
     Sample(problem=Problem(batch=1, q_len=3, kv_len=33, heads_q=4, heads_kv=2, head_dim=40, head_dim_v=72)),
 ]
 
-# Wide calls, in one dtype (their cost is the width's): 258 query heads in two groups, 257 requests.
+# A wide call, in one dtype (its cost is the width's): 258 query heads in two groups.
 WIDE_CASES = [
     Sample(problem=Problem(batch=1, q_len=1, kv_len=17, heads_q=258, heads_kv=2, head_dim=16, dtype=torch.bfloat16)),
-    Sample(problem=Problem(batch=257, q_len=1, kv_len=9, heads_q=1, heads_kv=1, head_dim=16, dtype=torch.bfloat16)),
 ]
 
 DTYPES = tuple(DTYPE_NAMES)

@@ -1,6 +1,6 @@
 """Mutants on the sizes a caller may choose (fmha.contract.ranges): the float64 reference with one
 size handled wrong past a point the draws never reached while they drew head dims in multiples of
-16, up to 64 query heads and 160 requests; the draws from the size records reach them
+16 and up to 64 query heads; the draws from the size records reach them
 (docs/kill-matrix.md has their rows). Run one like any kernel:
 
     pytest --pyargs fmha.properties --fmha-kernel mutant:head-dim-tail-dropped
@@ -60,17 +60,6 @@ def _heads_past_255_wrap(args):
     return args
 
 
-def _batch_past_255_wraps(args):
-    """Request indices held in 8 bits: request b >= 256 reads request b % 256's keys and values."""
-    q, k, v = args["q"], args["k"], args["v"]
-    if q.dim() == 4 and k.dim() == 4 and k.shape[0] == q.shape[0] > 256 and args.get("block_table") is None \
-            and args.get("indices") is None:
-        requests = (torch.arange(k.shape[0]) % 256).to(k.device)
-        args["k"] = k.index_select(0, requests)
-        args["v"] = args["k"] if v is k else v.index_select(0, requests)
-    return args
-
-
 def _range(name: str, bug: str, fn) -> Mutant:
     return Mutant(name, "", bug, functools.partial(_entry, name, fn), twin=lambda: REFERENCE_ENTRY)
 
@@ -84,6 +73,4 @@ RANGE_MUTANTS = (
            "query head h reads KV head h // 16", through(_group_past_16_wraps)),
     _range("heads-past-255-wrap", "query head indices in 8 bits: with more than 256 query heads, head h computes "
            "with head h % 256's query", through(_heads_past_255_wrap)),
-    _range("batch-past-255-wraps", "request indices in 8 bits: with more than 256 requests, request b reads "
-           "request b % 256's keys and values", through(_batch_past_255_wraps)),
 )

@@ -34,7 +34,7 @@ class Size:
 
 
 SIZES: dict[str, Size] = {s.symbol: s for s in (
-    Size("B", "requests in the batch", INT32_MAX),
+    Size("B", "requests in the batch", INT32_MAX, affordable=64),
     Size("T", "query rows a request", INT32_MAX, affordable=1100),
     Size("S", "keys a request", INT32_MAX, affordable=4096),
     Size("Hq", "query heads", INT32_MAX, models=(128,)),
