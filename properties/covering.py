@@ -159,7 +159,10 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     models (40, 72), with query rows and keys at 255 to 257 beside them; 128 and 255 to 257 query
     heads (KV heads, groups and requests past 64 are the GPU scale tier's). Few rows, keys and heads
     beside the large size: what a call costs is that size's alone."""
-    dtype = torch.bfloat16 if torch.bfloat16 in caps.dtypes else caps.dtypes[0]
+    dtype = next((d for d in (torch.bfloat16, *caps.dtypes) if d in caps.dtypes and caps.head_dims_for(d) != ()), None)
+    if dtype is None:
+        return []
+
     def affordable(symbol: str) -> list[int]:
         return sorted({n for _, n in _freedoms(caps, symbol, dtype) if n <= ranges.SIZES[symbol].affordable})
 

@@ -39,3 +39,15 @@ def test_a_call_is_counted_by_the_sizes_it_was_handed():
     assert check_sample(ENTRY, Sample(problem=problem)).passed
     assert storage.SIZES_SEEN[("D", 40)] == 1 and storage.SIZES_SEEN[("Dv", 72)] == 1
     assert storage.SIZES_SEEN[("group", 2)] == 1 and storage.SIZES_SEEN[("S", 33)] == 1
+
+
+def test_head_dims_declared_for_one_dtype_give_that_dtypes_size_samples():
+    """head_dims declared per dtype, bf16 left out: the sizes' covering samples are fp16's, not an
+    IndexError over bf16's empty range."""
+    import torch
+
+    from fmha.properties import covering
+    caps = dataclasses.replace(CAPABILITIES, dtypes=(torch.bfloat16, torch.float16), head_dims={torch.float16: (64,)})
+    assert ranges.values(ranges.SIZES["D"], ()) == {}
+    samples = covering._sizes(caps, 0)
+    assert samples and {(s.problem.dtype, s.problem.head_dim) for s in samples} == {(torch.float16, 64)}

@@ -50,6 +50,8 @@ def values(size: Size, allowed: tuple[int, ...] | None = None) -> dict[str, int]
     within 1..hi where the kernel declares none."""
     if allowed is not None:
         allowed = tuple(sorted(allowed))
+        if not allowed:  # a dtype the kernel declares no head dim for
+            return {}
         ends = {"min": allowed[0], "max": allowed[-1]}
         if len(allowed) > 1:
             ends |= {"min+1": allowed[1], "max-1": allowed[-2]}
