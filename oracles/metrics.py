@@ -212,7 +212,7 @@ def measure(
     row_err = diff.norm(dim=-1)
     unit = math.hypot(2.0 ** -(MANTISSA_BITS[dtype] + 1), 2.0**-24 * logit_rms)
     if summed_abs is not None:  # the rounding of the row's sums, by the terms' count (above)
-        sums = summed_abs.norm(dim=-1) / A.clamp(min=torch.finfo(dtype).tiny).norm(dim=-1)
+        sums = summed_abs.norm(dim=-1) / row_scale
         unit = torch.sqrt(unit**2 + (2.0**-24 * sums) ** 2)
     row_units = row_err / row_scale / unit
     worst_row_err, worst_row_err_at = _argmax(row_units)

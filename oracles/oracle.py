@@ -130,8 +130,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: t
     readable = (visible.any(0) if shared else visible)[..., None, None]
     keys = torch.where(readable, keys.double(), 0.0)
     values = torch.where(readable, values.double(), 0.0)
-    by_group = q.double().unflatten(1, (Hkv, group))
-    scores = torch.einsum(f"tkgd,{kv}->kgtn", by_group, keys).flatten(0, 1) * scale
+    scores = _scores(q, keys, shared) * scale
     weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF)[None], sink)
     grouped = weights[0].unflatten(0, (Hkv, group))
     o = torch.einsum(f"kgtn,{kv}->tkgd", grouped, values).flatten(1, 2)
@@ -147,6 +146,14 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: t
                 squares=float(visible_scores.square().sum()), count=visible_scores.numel(),
                 logit_magnitude=scale * q.double().norm(dim=-1).T * key_norm,
                 underflow=torch.finfo(torch.float32).tiny * seen_abs)
+
+
+def _scores(q: torch.Tensor, keys: torch.Tensor, shared: bool) -> torch.Tensor:
+    """q.k in float64, (Hq, T, N): q (T, Hq, D); keys (N, Hkv, D) shared by the rows, or
+    (T, N, Hkv, D) one set a row. Query head h reads KV head h // group."""
+    Hkv = keys.shape[-2]
+    by_group = q.double().unflatten(1, (Hkv, q.shape[1] // Hkv))
+    return torch.einsum(f"tkgd,{'nkd' if shared else 'tnkd'}->kgtn", by_group, keys.double()).flatten(0, 1)
 
 
 def _requests(q, cu_seqlens_q):
@@ -193,13 +200,10 @@ def largest_logit(q: torch.Tensor, sources: Sequence[Source], *, cu_seqlens_q: t
     top = 0.0
     for b, q_b in enumerate(_requests(q, cu_seqlens_q)):
         keys, _, visible = _gather(sources, b, q_b, causal, window)
-        group = q_b.shape[1] // keys.shape[2]
-        kv = "nkd" if keys.shape[0] == 1 else "tnkd"
-        scores = torch.einsum(f"tkgd,{kv}->tkgn", q_b.double().unflatten(1, (keys.shape[2], group)),
-                              keys[0].double() if keys.shape[0] == 1 else keys.double())
-        seen = visible[:, None, None, :].expand_as(scores)
-        if bool(seen.any()):
-            top = max(top, float(scores[seen].abs().max()) * scale)
+        shared = keys.shape[0] == 1
+        scores = _scores(q_b, keys[0] if shared else keys, shared)
+        if bool(visible.any()):  # poison where no row looks: masked, not read
+            top = max(top, float(scores.abs().masked_fill(~visible, 0.0).max()) * scale)
     return top
 
 
