@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from fmha.contract import ranges
 from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
+from fmha.contract.relations import RELATIONS
 from fmha.properties.strategies import NOT_DRAWN
 
 DEFAULT_KERNELS = ("fmha", "triton", "reference", "sdpa-math")
@@ -62,21 +63,50 @@ def excluded(argument: Argument, freedom: str, caps) -> str:
     for dim, one in fixed.items():
         if one and dim in argument.strided_dims and (freedom.startswith("order:") or freedom.endswith(f":{dim}")):
             return f"{'max_q_len' if dim == 'T' else 'heads_q'}: {dim} is always 1 (its stride means nothing)"
+    if freedom.startswith("overlap:"):
+        return "not drawn yet: elements that share memory take each other's values and the poison's"
     if freedom in NOT_DRAWN.get(argument.name, ()):
         return "not drawn: stride 0 here would make the drawn values invalid (fmha.properties.strategies.NOT_DRAWN)"
     return ""
 
 
-def audit(caps, counts: Counter, sizes: Counter | None = None) -> list[Row]:
+def audit(caps, counts: Counter, sizes: Counter | None = None, shown: Counter | None = None) -> list[Row]:
     """Every freedom of every record, against a kernel of `caps`, with `counts` ((record, freedom) ->
     calls); then every size's (fmha.contract.ranges, its range narrowed by the declaration), with
-    `sizes` ((symbol, value) -> calls)."""
+    `sizes` ((symbol, value) -> calls); then every relation's forms (fmha.contract.relations), with
+    `shown` ((relation, form) -> calls)."""
     rows = [Row(a.name, f, counts[(a.name, f)], excluded(a, f, caps))
             for a in ARGUMENTS.values() for f in storage_freedoms(a)]
     if sizes is not None:
         rows += [Row(f"size {symbol}", f"{label} ({value})", sizes[(symbol, value)], _size_excluded(symbol, value, caps))
                  for symbol, label, value in ranges.freedoms(caps)]
+    if shown is not None:
+        rows += [Row(f"relation: {r.name}", form, shown[(r.name, form)], _form_excluded(r, form, caps))
+                 for r in RELATIONS.values() for form in r.forms]
     return rows
+
+
+def _form_excluded(relation, form: str, caps) -> str:
+    """Why a kernel of `caps` is never handed `form` of `relation`, or ""."""
+    if not set(caps.sources) & set(relation.calls):
+        return f"sources: declares {', '.join(sorted(caps.sources))}"
+    needs = {"window implies causal": "window", "window's type": "window"}.get(relation.name)
+    if needs and needs not in caps.features:
+        return f"features: no {needs}"
+    if relation.name == "v is k":
+        if form == "v is k" and "shared_kv" not in caps.features:
+            return "features: no shared_kv"
+        if form == "v apart" and "shared_kv" in caps.requires:
+            return "requires shared_kv"
+    if relation.name == "each scope's cache layout":
+        quantized = {"neither quantized": 0, "first only": 1, "second only": 1, "both alike": 2, "both differ": 2}[form]
+        if quantized < 2 and not caps.unquantized_caches:
+            return "unquantized_caches=False"
+        if quantized and not caps.cache_layouts:
+            return "cache_layouts: none"
+        if form == "both differ" and len(caps.cache_layouts) < 2:
+            return f"cache_layouts: {', '.join(sorted(caps.cache_layouts))} only"
+    return ""
 
 
 def _size_excluded(symbol: str, value: int, caps) -> str:
@@ -91,20 +121,23 @@ def unreached(rows: list[Row]) -> list[Row]:
     return [r for r in rows if not r.why_not and not r.reached]
 
 
-def reached_by(samples, kernel, device: str) -> Counter:
+def reached_by(samples, kernel, device: str) -> tuple[Counter, Counter, Counter]:
     """What `samples`' calls of `kernel` hand it, counted as run_kernel counts them (out= as it
-    lays it out), without calling the kernel: (record, freedom) and (size, value) counts."""
+    lays it out), without calling the kernel: (record, freedom), (size, value) and (relation, form)
+    counts."""
+    from fmha.contract.relations import shown
     from fmha.oracles.kernel_call import out_for
     from fmha.oracles.storage import freedoms_of
 
-    counts, sizes = Counter(), Counter()
+    counts, sizes, forms = Counter(), Counter(), Counter()
     takes_out = "out" in kernel.capabilities_on(device).features
     for sample in samples:
         x = sample.inputs(device)
         call = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs(), **({"out": out_for(x)[1]} if takes_out else {})}
         counts.update(freedoms_of(call, x.problem))
         sizes.update(ranges.of_problem(x.problem).items())
-    return counts, sizes
+        forms.update(shown(call))
+    return counts, sizes, forms
 
 
 def draws(kernel, device: str, count: int, seed: int = 0) -> list:

@@ -1,9 +1,10 @@
-"""How many draws of the session carried each hazard of the table (fmha.oracles.hazards), and how
-many calls showed each storage freedom of the argument records (fmha.oracles.storage), at the end
-of a pytest session: counted from the bytes and strides handed to kernels, on every xdist worker,
-added up on the controller. Where the session ran an agreement law (whose covering set draws every
-hazard and every storage form a kernel allows), one no draw carried is named: the run did not
-test it (`python -m fmha.ci.coverage` says which declaration excludes it)."""
+"""How many draws of the session carried each hazard of the table (fmha.oracles.hazards), how many
+calls showed each storage freedom of the argument records (fmha.oracles.storage) and each form of
+the relations (fmha.contract.relations), at the end of a pytest session: counted from the bytes,
+strides and scalars handed to kernels, on every xdist worker, added up on the controller. Where the
+session ran an agreement law (whose covering set draws every hazard and every storage form a kernel
+allows), one no draw carried is named: the run did not test it (`python -m fmha.ci.coverage` says
+which declaration excludes it)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from collections import Counter
 import pytest
 
 from fmha.oracles.hazards import DRAWN, HAZARDS
-from fmha.oracles.storage import REACHED
+from fmha.oracles.storage import REACHED, RELATIONS_SEEN
 
-# What each counts, by its key in a worker's output: hazards (by name) and storage freedoms
-# ((record, freedom), sent as a list).
-COUNTED = {"fmha_hazards": DRAWN, "fmha_storage": REACHED}
+# What each counts, by its key in a worker's output: hazards (by name), storage freedoms
+# ((record, freedom), sent as a list) and relations' forms ((relation, form)).
+COUNTED = {"fmha_hazards": DRAWN, "fmha_storage": REACHED, "fmha_relations": RELATIONS_SEEN}
 SESSION = pytest.StashKey[dict]()
 BEFORE = pytest.StashKey[dict]()
 
@@ -73,3 +74,10 @@ def pytest_terminal_summary(terminalreporter, config):
         every = [(a.name, f) for a in ARGUMENTS.values() for f in storage_freedoms(a)]
         terminalreporter.write_line(f"fmha: storage freedoms the calls showed: {sum(1 for k in every if reached[k])} "
                                     f"of {len(every)} (python -m fmha.ci.coverage: per kernel, and what excludes the rest)")
+    shown = _here(config, "fmha_relations")
+    if shown:
+        from fmha.contract.relations import RELATIONS
+
+        every = [(r.name, f) for r in RELATIONS.values() for f in r.forms]
+        terminalreporter.write_line(f"fmha: relations' forms the calls showed: {sum(1 for k in every if shown[k])} of "
+                                    f"{len(every)}")

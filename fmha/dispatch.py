@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from fmha.contract import KernelEntry, NotSupportedError, Problem, check_attention_args
+from fmha.contract import KernelEntry, NotSupportedError, Problem, check_attention_args, plain_scalars
 from fmha.contract.kernel import packed_sink, source_tensors
 from fmha.kernels import cuda_sparse, gluon_dense, gluon_sparse, triton_dense, triton_merge, triton_paged
 
@@ -71,6 +71,7 @@ def dispatching(entries: Sequence[KernelEntry]):
     def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, **source_args):
         problem = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                        **source_args)
+        scale = plain_scalars(scale, causal, window)[0]  # the kernels take the mask from `problem`
         needs = ("out",) if out is not None else ()
         entry = choose(problem, q.device, entries, needs=needs)
         try:

@@ -34,9 +34,7 @@ class Inputs:
 
     def kwargs(self, **changes) -> dict:
         """The contract call's keyword arguments for this sample, with `changes`."""
-        p = self.problem
-        return {**dict(scale=self.sample.scale, causal=p.causal, window=p.window, sink=self.sink), **self.source_args,
-                **changes}
+        return {**self.sample.scalar_arguments(), "sink": self.sink, **self.source_args, **changes}
 
     def with_tensors(self, **tensors) -> Inputs:
         """The same sample with other q, k, v (or sink) tensors."""

@@ -22,6 +22,7 @@ import dataclasses
 import zlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fmha.oracles import oracle, paged_inputs, run_seed, storage
@@ -36,6 +37,10 @@ OTHER_ARGUMENTS = ("sink", "out", "block_table", "kv_lens", "cu_seqlens_q", "ind
                    "extra_indices", "extra_topk_len")
 # What the buffer around an integer argument's view holds: a page of poison for the table, no key
 # for indices, an empty request for lengths (a kernel that reads it answers wrong).
+# "causal=False": a window passed with causal=False (it implies causal); "numpy": scale, causal and
+# window as numpy scalars (a scale float32 where it holds it exactly); "int scale": an integral scale
+# as a Python int.
+SCALAR_FORMS = ("causal=False", "numpy", "int scale")
 INT_FILL = {"indices": -1, "extra_indices": -1, "kv_lens": 0, "topk_len": 0, "extra_topk_len": 0, "cu_seqlens_q": 0}
 
 
@@ -66,6 +71,9 @@ class Sample:
     # keys, strided tables, caches and queries, runs of -1, every code of a format); a hostile draw
     # names every one that applies.
     hazards: tuple[str, ...] = ()
+    # How the call passes its scalars (SCALAR_FORMS; fmha.contract.relations): a form the call has
+    # no room for (causal=False without a window) passes them as Python gives them.
+    scalars: tuple[str, ...] = ()
     name: str = field(default="", compare=False)  # what about this sample matters (trap cases)
     # The run seed its values are drawn under (fmha.oracles.run_seed); None: the current run's. A
     # failure pins it (`pinned`), so the pin gives the same bytes in any run.
@@ -103,6 +111,10 @@ class Sample:
             raise ValueError(f"hazards: {unknown} are not layout hazards; those are "
                              f"{', '.join(h for h, r in HAZARDS.items() if r.kind == 'layout')}")
         object.__setattr__(self, "hazards", tuple(sorted(set(self.hazards))))
+        unknown = [form for form in self.scalars if form not in SCALAR_FORMS]
+        if unknown:
+            raise ValueError(f"scalars: {unknown} are not among {', '.join(SCALAR_FORMS)}")
+        object.__setattr__(self, "scalars", tuple(sorted(set(self.scalars))))
         if p.source != "dense":  # what each request holds decides what the kernel must support
             object.__setattr__(self, "problem", p.replace(**paged_inputs.request_facts(self)))
         # a hazard this problem has no room for (no window, one page, one head) is not laid in
@@ -124,6 +136,20 @@ class Sample:
                 "indices": p.source == "sparse", "topk_len": self.topk_lens is not None,
                 "extra_k_cache": p.extra_topk is not None, "extra_indices": p.extra_topk is not None,
                 "extra_topk_len": self.extra_topk_lens is not None}[name]
+
+    def scalar_arguments(self) -> dict:
+        """scale, causal and window as the call passes them (`scalars`)."""
+        p = self.problem
+        scale, causal, window = self.scale, p.causal, p.window
+        if "causal=False" in self.scalars and window is not None:
+            causal = False
+        if "int scale" in self.scalars and scale is not None and float(scale).is_integer():
+            scale = int(scale)
+        if "numpy" in self.scalars:
+            causal, window = np.bool_(causal), None if window is None else np.int64(window)
+            if isinstance(scale, float):
+                scale = np.float32(scale) if float(np.float32(scale)) == scale else np.float64(scale)
+        return dict(scale=scale, causal=causal, window=window)
 
     @property
     def given_up(self) -> frozenset[str]:
@@ -166,6 +192,7 @@ class Sample:
         parts += [flag for flag in ("shared_pages", "last_slot", "outliers") if getattr(self, flag)]
         if self.hazards:
             parts.append("hazards:" + "+".join(self.hazards))
+        parts += [f"scalars:{form.replace(' ', '_')}" for form in self.scalars]
         return "-".join(parts)
 
     @property

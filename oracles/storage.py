@@ -15,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from fmha.contract import ranges
+from fmha.contract import ranges, relations
 from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
 from fmha.contract.cache_layouts import LAYOUTS
 
@@ -75,6 +75,8 @@ def lay_out(t: torch.Tensor, argument: Argument, spec: str, fill) -> torch.Tenso
             zeros.add(dims.index(what))
         elif kind == "offset":
             offset = True
+        elif kind == "overlap":  # fmha.properties.strategies.drawn_freedoms
+            raise ValueError(f"{form}: elements that share memory are not laid out (they take each other's values)")
     source = t
     for d in sorted(zeros):  # the last: a dense call's last key is one every row sees
         source = source.narrow(d, t.shape[d] - 1, 1)
@@ -139,9 +141,11 @@ def observed(t: torch.Tensor, argument: Argument, size_one: bool = False) -> set
     # a dim at stride 0 may hold its extent in memory anywhere inside: a step is a gap past that too
     spread = math.prod(t.shape[d] for d in real if t.stride(d) == 0)
     for outer, inner in zip(moving, [*moving[1:], None]):
-        packed = (inner_size if inner is None else t.shape[inner] * t.stride(inner)) * spread
-        if t.stride(outer) > packed:
+        packed = inner_size if inner is None else t.shape[inner] * t.stride(inner)
+        if t.stride(outer) > packed * spread:
             found.add(f"step:{dims[outer]}")
+        elif t.stride(outer) < packed:  # the inner dim's elements run into the next one's
+            found.add(f"overlap:{dims[outer]}")
     return found & set(storage_freedoms(argument))
 
 
@@ -163,7 +167,9 @@ def aliased(tensors: dict[str, tuple[torch.Tensor, Argument]]) -> dict[str, set[
 REACHED: Counter = Counter()
 # (size's symbol, its value) -> how many such calls (fmha.contract.ranges; the audit labels them).
 SIZES_SEEN: Counter = Counter()
-__judge_state__ = ("REACHED", "SIZES_SEEN")  # fmha.oracles.guard: not a part of what judges
+# (relation, form) -> how many such calls (fmha.contract.relations.shown).
+RELATIONS_SEEN: Counter = Counter()
+__judge_state__ = ("REACHED", "SIZES_SEEN", "RELATIONS_SEEN")  # fmha.oracles.guard: not a part of what judges
 
 
 def freedoms_of(call: dict, problem) -> set[tuple[str, str]]:
@@ -178,3 +184,4 @@ def freedoms_of(call: dict, problem) -> set[tuple[str, str]]:
 def tally(call: dict, problem) -> None:
     REACHED.update(freedoms_of(call, problem))
     SIZES_SEEN.update(ranges.of_problem(problem).items())
+    RELATIONS_SEEN.update(relations.shown(call))

@@ -100,23 +100,25 @@ def _quantized_paged(caps, layout, seed) -> Sample | None:
 
 
 def _sparse(caps, dtype, seed, layout=None, extra_layout=None, two_scopes=False, exponent=0,
-            distribution="normal", topk=192, few_keys=False) -> Sample | None:
+            distribution="normal", topk=192, few_keys=False, lengths_given=("topk_len", "extra_topk_len")) -> Sample | None:
     """Index-sparse rows (K = V, one cache or two): a request that reads nothing, one that reads
     some of its indices, runs of -1, repeats, the last slot. With `few_keys`: the rows that read
-    read all 4 keys, no sink: each key's decoding shows in its rows' logits and LSE."""
+    read all 4 keys, no sink: each key's decoding shows in its rows' logits and LSE. Two scopes
+    pass the lengths arguments of `lengths_given` (each scope's is optional on its own)."""
     if few_keys:
         topk = 4
-    head_dim = 512 if layout else _head_dim(caps, dtype)
+    quantized = bool(layout or extra_layout)
+    head_dim = 512 if quantized else _head_dim(caps, dtype)
     if head_dim is None:
         return None
     topk = max(topk, caps.topk_multiple_of) if topk % caps.topk_multiple_of else topk
     bs = _block_size(caps, 16)
     heads_q, heads_kv = _heads(caps, 3, 2)
-    heads_kv = 1 if layout else heads_kv
+    heads_kv = 1 if quantized else heads_kv
     extra = dict(extra_topk=max(64, caps.topk_multiple_of), extra_block_size=_block_size(caps, 5),
                  extra_cache_layout=extra_layout) if two_scopes else {}
     problem = Problem(batch=3 if two_scopes else 2, q_len=_rows(caps, 3), kv_len=topk, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
-                      dtype=torch.bfloat16 if layout else dtype, shared_kv=True,
+                      dtype=torch.bfloat16 if quantized else dtype, shared_kv=True,
                       sink=_sink(caps, dtype) and not few_keys,
                       source="sparse", block_size=bs, cache_layout=layout, **extra)
     # A request that reads nothing (rows without keys), one that reads one scope alone, one that reads both.
@@ -127,9 +129,21 @@ def _sparse(caps, dtype, seed, layout=None, extra_layout=None, two_scopes=False,
     if two_scopes:
         lengths = dict(topk_lens=(0 if caps.empty_rows else topk, short, topk),
                        extra_topk_lens=(0, 0, problem.extra_topk))
+        lengths = {name: lengths[name] for name in ("topk_lens", "extra_topk_lens") if name[:-1] in lengths_given}
     return Sample(problem=problem, seed=seed, invalid=0.0 if few_keys else 0.1, repeats=0.25, last_slot=True,
-                  cache_exponent=exponent,
-                  outliers=bool(layout), distribution=distribution, **lengths)
+                  cache_exponent=exponent, outliers=quantized, distribution=distribution, **lengths)
+
+
+def _scopes_of_their_own(caps: Capabilities, seed: int) -> list[Sample]:
+    """Each scope's layout and lengths argument its own (fmha.contract.relations): a quantized first
+    beside one in q's dtype and the other way round, one layout in both; topk_len given for the
+    first scope only, for the second only, for neither."""
+    if not caps.cache_layouts:
+        return []
+    first, last = min(caps.cache_layouts), max(caps.cache_layouts)
+    return [_sparse(caps, None, seed, first, None, two_scopes=True, lengths_given=("topk_len",)),
+            _sparse(caps, None, seed, None, last, two_scopes=True, lengths_given=("extra_topk_len",)),
+            _sparse(caps, None, seed, last, last, two_scopes=True, lengths_given=())]
 
 
 def _dense(caps, dtype, seed, distribution="normal", q_len=6, kv_len=65, window=9, group=3) -> Sample | None:
@@ -224,6 +238,7 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
                       _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True),
                       # a few keys a row at scales toward the top: each code's decoding shows in the LSE
                       _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True, exponent=96, few_keys=True)]
+            found += _scopes_of_their_own(caps, seed)
     return [hostile(s, caps) for s in found if s is not None]
 
 
@@ -248,7 +263,30 @@ def covering_samples(kernel, device: str, seed: int = 0) -> list[Sample]:
     so that together they give every tensor argument every storage form its record allows
     (`with_every_storage`)."""
     caps = kernel.capabilities_on(device)
-    return with_every_storage([s for s in skeletons(caps, seed) if not kernel.not_supported_reasons(s.problem, device)])
+    members = [s for s in skeletons(caps, seed) if not kernel.not_supported_reasons(s.problem, device)]
+    return with_every_storage(with_every_relation(members, kernel, device))
+
+
+def with_every_relation(members: list[Sample], kernel, device: str) -> list[Sample]:
+    """`members` with each relation's forms (fmha.contract.relations) handed out, in each source's
+    members: a window passed with causal=False (and a float scale), numpy scalars (a window's too),
+    an integral scale as an int; K = V beside v apart where the kernel takes both. Before the
+    storage forms: a member made K = V has no v to lay out."""
+    members = list(members)
+    for source in ("dense", "paged", "sparse"):
+        mine = [i for i, m in enumerate(members) if m.problem.source == source and m.distribution == "normal"]
+        chosen = sorted(mine, key=lambda i: members[i].problem.window is None)[:3]  # those with a window first
+        forms = (dict(scalars=("causal=False",), scale=0.5), dict(scalars=("numpy",), scale=0.25),
+                 dict(scalars=("int scale",), scale=1.0))
+        for i, changes in zip(chosen, forms):
+            members[i] = members[i].replace(**changes)
+        apart = [i for i in mine if not members[i].problem.shared_kv]
+        if source != "sparse" and len(apart) > 1 and not any(m.problem.shared_kv for m in members
+                                                              if m.problem.source == source):
+            k_is_v = members[apart[-1]].replace(shared_kv=True, head_dim_v=members[apart[-1]].problem.head_dim)
+            if not kernel.not_supported_reasons(k_is_v.problem, device):
+                members[apart[-1]] = k_is_v
+    return members
 
 
 def storage_variants(argument) -> list[str]:
@@ -324,8 +362,8 @@ def for_law(law, kernel, device: str, seed: int = 0) -> list[Sample]:
     if law.covering == "family":
         return [s for s in covering_samples(kernel, device, seed) if fits(law, s)]
     caps = kernel.capabilities_on(device)
-    return [s for s in sequences(caps, seed) if not kernel.not_supported_reasons(s.problem, device)
-            and (s.problem.source == "dense") == (law.draws == "dense")]
+    return with_every_relation([s for s in sequences(caps, seed) if not kernel.not_supported_reasons(s.problem, device)
+                                and (s.problem.source == "dense") == (law.draws == "dense")], kernel, device)
 
 
 def fits(law, sample: Sample) -> bool:

@@ -22,10 +22,12 @@ FEATURE_CASES = [
     Sample(problem=Problem(batch=1, q_len=1, kv_len=100, heads_q=8, heads_kv=1, head_dim=128, causal=True)),
     # GQA prefill over two tiles
     Sample(problem=Problem(batch=1, q_len=32, kv_len=256, heads_q=8, heads_kv=2, head_dim=64, causal=True)),
-    # window; S one past a tile
-    Sample(problem=Problem(batch=1, q_len=17, kv_len=129, heads_q=6, heads_kv=3, head_dim=128, window=16)),
-    # a window wider than 256 keys (a kernel that caps it there)
-    Sample(problem=Problem(batch=1, q_len=2, kv_len=320, heads_q=4, heads_kv=2, head_dim=64, window=300)),
+    # window; S one past a tile; passed with causal=False, which it implies
+    Sample(problem=Problem(batch=1, q_len=17, kv_len=129, heads_q=6, heads_kv=3, head_dim=128, window=16),
+           scalars=("causal=False",)),
+    # a window wider than 256 keys (a kernel that caps it there); scale, causal and window numpy scalars
+    Sample(problem=Problem(batch=1, q_len=2, kv_len=320, heads_q=4, heads_kv=2, head_dim=64, window=300), scale=0.125,
+           scalars=("numpy",)),
     # DSV4 decode with MTP
     Sample(problem=Problem(batch=1, q_len=4, kv_len=640, heads_q=8, heads_kv=1, head_dim=512, window=128, sink=True,
                            shared_kv=True)),

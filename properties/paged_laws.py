@@ -222,8 +222,9 @@ def sparse_over_its_keys_equals_dense(kernel, sample: Sample, device):
     equal the dense call over those keys (K = V, no mask), within the verdict."""
     every_key = sample.replace(invalid=0.0, repeats=0.0, topk_lens=None, extra_topk_lens=None,
                                hazards=tuple(h for h in sample.hazards if h != "invalid-runs"))
-    sample = variant(kernel, every_key, device,
-                      extra_topk=None, extra_block_size=None, extra_cache_layout=None)
+    # the first scope alone (a scale and outliers shape its cache only if it is quantized)
+    plain = {} if every_key.problem.cache_layout else dict(cache_exponent=0, outliers=False)
+    sample = variant(kernel, every_key, device, extra_topk=None, extra_block_size=None, extra_cache_layout=None, **plain)
     p = sample.problem
     assume(p.source == "sparse")
     x = sample.inputs(device)

@@ -29,7 +29,7 @@ from fmha.contract import CACHE_LAYOUTS, Capabilities
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.hazards import hostile
 from fmha.oracles.sample import Sample
-from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, round_up, scales, storages
+from fmha.properties.strategies import KEY_BUDGET, call_cost, problems, round_up, scalar_forms, scales, storages
 
 BLOCK_SIZES = (1, 2, 5, 16, 53, 61, 64, 576)
 INVALID = (0.0, 0.1, 0.5, 1.0)
@@ -117,7 +117,7 @@ def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=t
                                          "two_scopes" in needs, needed_layout)
     sample = Sample(problem=problem, scale=draw(scales(problem.head_dim)),
                     distribution=draw(st.sampled_from(distributions)), seed=draw(st.integers(0, 2**16)),
-                    **sample_fields)
+                    scalars=draw(scalar_forms()), **sample_fields)
     assume(not caps.not_supported_reasons(sample.problem, device))
     return hostile(sample.replace(**draw(storages(sample))), caps)
 
@@ -151,19 +151,21 @@ def _cache_fields(draw) -> dict:
 def _sparse(draw, caps, device, block_size, block_sizes, two_scopes: bool, needed_layout: str | None):
     """DeepSeek-V4's call: K = V, no mask (the indices decide), top-k keys per query row."""
     layout = needed_layout or _layout(draw, caps)
+    # A second scope's layout is its own: quantized beside a first in q's dtype too.
+    extra = two_scopes or ("two_scopes" in caps.sources and draw(st.booleans()))
+    extra_layout = _layout(draw, caps) if extra else None
     # The capabilities `problems` draws the dense part from: no mask, top-k (its kv_len) in
     # the kernel's multiple; FlashMLA's head dim and dtype for a quantized cache.
     dense = dataclasses.replace(caps, requires=caps.requires - {"causal", "window"},
                                 features=caps.features - {"causal", "window"}, kv_len_multiple_of=caps.topk_multiple_of,
                                 max_kv_len=min(caps.max_topk or MAX_TOPK, MAX_TOPK))
-    if layout is not None:
+    quantized = layout is not None or extra_layout is not None
+    if quantized:
         dense = _quantized(dense)
     problem = draw(problems(dense, device, max_kv_len=dense.max_kv_len))
-    extra = two_scopes or ("two_scopes" in caps.sources and draw(st.booleans()))
-    extra_layout = _layout(draw, caps) if extra and layout else None
     problem = problem.replace(
         source="sparse", block_size=block_size, shared_kv=True, head_dim_v=problem.head_dim, cache_layout=layout,
-        heads_kv=1 if layout else problem.heads_kv,
+        heads_kv=1 if quantized else problem.heads_kv,
         extra_topk=round_up(draw(st.integers(1, 1024)), caps.topk_multiple_of) if extra else None,
         extra_block_size=draw(st.sampled_from(block_sizes)) if extra else None, extra_cache_layout=extra_layout)
     # The budget counts both scopes' keys, and every query row's own (the oracle gathers

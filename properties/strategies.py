@@ -4,8 +4,9 @@
 the input distribution, the seed and the storage of each of q, k and v, every dimension
 drawn on its own: dtype, head dims (Dv != D too), batch (1-8, sometimes far larger), group
 sizes with several KV heads, sequence lengths at tile edges, causal, window, sink, K is V,
-scale, and each tensor argument's storage form from its record (fmha.contract.arguments). What a kernel declares it cannot do is never drawn: its head
-dims per dtype, the features it requires (causal-only), its shape relations (T = S, lengths
+scale, each tensor argument's storage form from its record (fmha.contract.arguments) and the
+scalars' forms (a window with causal=False, numpy scalars: fmha.contract.relations). What a
+kernel declares it cannot do is never drawn: its head dims per dtype, the features it requires (causal-only), its shape relations (T = S, lengths
 a multiple of a tile) shape the draw, and `not_supported_reasons` filters what is left. A
 budget per call keeps the CPU tier, which interprets kernels, fast: the sizes drawn are cut
 (queries and batch in turn, then keys) until a call fits it.
@@ -22,7 +23,7 @@ from fmha.contract import Capabilities
 from fmha.contract.arguments import storage_freedoms
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.oracles.hazards import hostile
-from fmha.oracles.sample import OTHER_ARGUMENTS, Sample
+from fmha.oracles.sample import OTHER_ARGUMENTS, SCALAR_FORMS, Sample
 from fmha.oracles.storage import record
 from fmha.contract import Problem
 
@@ -161,6 +162,12 @@ def problems(draw, caps: Capabilities, device: str = "cpu", max_q_len: int = 300
     )
 
 
+def scalar_forms():
+    """How a call passes its scalars (Sample.scalars: fmha.contract.relations), up to two forms at
+    once; none (Python's bool, int and float) is where shrinking goes."""
+    return st.lists(st.sampled_from(SCALAR_FORMS), max_size=2, unique=True).map(tuple)
+
+
 def scales(head_dim: int):
     """None (the contract's default, D**-0.5) a quarter of the time, else a scale a caller
     might pass: any in [1/64, 1], 1, or half the default."""
@@ -177,7 +184,7 @@ def samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(D
                    .filter(lambda p: not caps.not_supported_reasons(p, device)))
     scale, distribution = draw(scales(problem.head_dim)), draw(st.sampled_from(distributions))
     sample = Sample(problem=problem, scale=scale, distribution="large_v" if long_context else distribution,
-                    seed=draw(st.integers(0, 2**16)))
+                    seed=draw(st.integers(0, 2**16)), scalars=draw(scalar_forms()))
     return hostile(sample.replace(**draw(storages(sample))), caps)
 
 
@@ -190,8 +197,10 @@ NOT_DRAWN = {"k cache": ("zero:num_blocks", "zero:block_size"), "v cache": ("zer
 
 
 def drawn_freedoms(argument) -> list[str]:
-    """The freedoms of `argument`'s record the draws give it (all but NOT_DRAWN)."""
-    return [f for f in storage_freedoms(argument) if f not in NOT_DRAWN.get(argument.name, ())]
+    """The freedoms of `argument`'s record the draws give it (all but NOT_DRAWN, and overlapping
+    elements: laid out, they would write over each other's values and the poison around them)."""
+    return [f for f in storage_freedoms(argument)
+            if f not in NOT_DRAWN.get(argument.name, ()) and not f.startswith("overlap:")]
 
 
 def storage_form(argument, aliases: bool = True):

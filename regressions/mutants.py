@@ -20,12 +20,13 @@ from __future__ import annotations
 import difflib
 from typing import Iterator, Mapping
 
-from fmha.regressions import (cuda_mutants, eager_mutants, gluon_mutants, paged_mutants, range_mutants,
+from fmha.regressions import (cuda_mutants, eager_mutants, gluon_mutants, paged_mutants, range_mutants, relation_mutants,
                               shipped_mutants, storage_mutants, traps)
 from fmha.regressions.mutation import Mutant
 
 FAMILIES = (eager_mutants.EAGER_MUTANTS, paged_mutants.PAGED_MUTANTS, shipped_mutants.SHIPPED_MUTANTS,
-            storage_mutants.STORAGE_MUTANTS, range_mutants.RANGE_MUTANTS, gluon_mutants.GLUON_DENSE_MUTANTS, gluon_mutants.GLUON_SPARSE_MUTANTS, cuda_mutants.CUDA_MUTANTS)
+            storage_mutants.STORAGE_MUTANTS, range_mutants.RANGE_MUTANTS,
+            relation_mutants.RELATION_MUTANTS, gluon_mutants.GLUON_DENSE_MUTANTS, gluon_mutants.GLUON_SPARSE_MUTANTS, cuda_mutants.CUDA_MUTANTS)
 
 
 class _Registry(Mapping):

@@ -34,7 +34,7 @@ def test_each_form_keeps_the_values_and_shows_its_freedom(name):
     shape = (2, 3, 4, 5)[-len(argument.shape):]
     t = torch.arange(math.prod(shape), dtype=torch.float32).view(shape)
     for form in storage_freedoms(argument):
-        if form.startswith("alias:"):
+        if form.startswith(("alias:", "overlap:")):
             continue
         laid = storage.lay_out(t, argument, form, float("nan"))
         expected = t
@@ -43,6 +43,26 @@ def test_each_form_keeps_the_values_and_shows_its_freedom(name):
             expected = t.narrow(d, t.shape[d] - 1, 1).expand(t.shape)
         assert torch.equal(laid, expected), f"{name} {form}"
         assert storage.observed(laid, argument) == {form}, f"{name} {form}: read back {storage.observed(laid, argument)}"
+
+
+@pytest.mark.parametrize("name", ["q", "k", "block_table", "indices"])
+def test_overlapping_elements_are_read_back_and_named_not_drawn(name):
+    """A stride smaller than what the dims inside it span (an unfolded window's chunks): the validator
+    takes it for an argument a kernel only reads, the audit reads it back as overlap:<dim>, and lists
+    it as not drawn (laid out, its elements would take each other's values)."""
+    argument = ARGUMENTS[name]
+    shape = (2, 3, 4, 5)[-len(argument.shape):]
+    packed = torch.empty(shape).stride()
+    for form in [f for f in storage_freedoms(argument) if f.startswith("overlap:")]:
+        d = argument.shape.index(form.split(":")[1])
+        strides = list(packed)
+        strides[d] = 1 if d == len(shape) - 2 and argument.contiguous_last else packed[d + 1]
+        t = torch.zeros(math.prod(shape)).as_strided(shape, strides)
+        assert form in storage.observed(t, argument), f"{name} {form}: read back {storage.observed(t, argument)}"
+        assert coverage.excluded(argument, form, resolve_kernel("reference").capabilities).startswith("not drawn")
+        with pytest.raises(ValueError, match="not laid out"):
+            storage.lay_out(t.contiguous(), argument, form, 0.0)
+    assert [f for f in storage_freedoms(argument) if f.startswith("overlap:")], name
 
 
 def test_every_drawn_form_is_one_the_validator_accepts():

@@ -31,7 +31,7 @@ import torch
 
 from fmha.adapters.conventions import csr_page_table, keys_left_of_current, lse_from_base2, packed_queries
 from fmha.adapters.libraries import availability_of, written_to
-from fmha.contract import Capabilities, KernelEntry, check_attention_args
+from fmha.contract import Capabilities, KernelEntry, check_attention_args, plain_scalars
 
 INSTALL = ("FlashInfer is not installed: pip install flashinfer-python (JIT-builds its kernels with nvcc on first "
            "use; `pip install 'fmha[flashinfer]'` brings it)")
@@ -68,6 +68,7 @@ def decode_with(capabilities: Capabilities, library=lambda: importlib.import_mod
         p = check_attention_args(q, k_cache, v_cache, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                  block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
                                  capabilities=capabilities)
+        scale, causal, window = plain_scalars(scale, causal, window)
         wrapper = library().BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "NHD", use_tensor_cores=True)
         wrapper.plan(*csr_page_table(block_table, kv_lens, p.block_size), p.heads_q, p.heads_kv, p.head_dim,
                      p.block_size, window_left=keys_left_of_current(window), q_data_type=q.dtype,
@@ -86,6 +87,7 @@ def prefill_with(capabilities: Capabilities, library=lambda: importlib.import_mo
         p = check_attention_args(q, k_cache, v_cache, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                  block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
                                  capabilities=capabilities)
+        scale, causal, window = plain_scalars(scale, causal, window)
         packed, qo_indptr = packed_queries(q, cu_seqlens_q)
         wrapper = library().BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
         wrapper.plan(qo_indptr, *csr_page_table(block_table, kv_lens, p.block_size), p.heads_q, p.heads_kv,

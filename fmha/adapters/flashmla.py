@@ -34,7 +34,7 @@ import torch
 
 from fmha.adapters.conventions import lse_from_sink_excluded
 from fmha.adapters.libraries import availability_of, written_to
-from fmha.contract import Capabilities, KernelEntry, check_attention_args
+from fmha.contract import Capabilities, KernelEntry, check_attention_args, plain_scalars
 
 INSTALL = ("FlashMLA is not installed (no wheel): build deepseek-ai/FlashMLA from source on a Hopper machine "
            "with nvcc, so that `import flash_mla` works")
@@ -63,6 +63,7 @@ def sparse_decode_with(capabilities: Capabilities, library=lambda: importlib.imp
                              indices=indices, topk_len=topk_len, extra_k_cache=extra_k_cache,
                              extra_indices=extra_indices, extra_topk_len=extra_topk_len, cache_layout=cache_layout,
                              extra_cache_layout=extra_cache_layout, capabilities=capabilities)
+        scale = plain_scalars(scale, causal, window)[0]
         flash_mla = library()
         schedule, _ = flash_mla.get_mla_metadata()
         o, lse = flash_mla.flash_mla_with_kvcache(

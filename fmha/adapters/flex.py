@@ -19,7 +19,7 @@ import functools
 import torch
 
 from fmha.contract import Capabilities, KernelEntry
-from fmha.contract import NotSupportedError, check_attention_args
+from fmha.contract import NotSupportedError, check_attention_args, plain_scalars
 from fmha.adapters.conventions import keys_some_row_sees
 from fmha.kernels.torch_merge import add_sink
 
@@ -54,6 +54,7 @@ def flex(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None)
         q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
         capabilities=ENTRY.capabilities_on(device),
     )
+    scale, causal, window = plain_scalars(scale, causal, window)
     k, v = keys_some_row_sees(k, v, q.shape[1], window)  # a partly masked block's values still enter P.V
     block_mask = _block_mask(q.shape[1], k.shape[1], window, str(q.device)) if causal or window else None
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fmha.contract import Capabilities, KernelEntry
-from fmha.contract import NotSupportedError, check_attention_args
+from fmha.contract import NotSupportedError, check_attention_args, plain_scalars
 from fmha.adapters.conventions import keys_some_row_sees
 from fmha.kernels.torch_merge import add_sink
 
@@ -62,6 +62,7 @@ def _public_sdpa(backend: SDPBackend, entry_name: str):
             q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
             capabilities=KERNELS_BY_NAME[entry_name].capabilities_on(q.device.type),
         )
+        scale, causal, window = plain_scalars(scale, causal, window)
         k, v = keys_some_row_sees(k, v, q.shape[1], window)  # SDPA's masked keys' values still enter P.V
         if backend == SDPBackend.FLASH_ATTENTION and causal and window is None:
             # Imported here: torch.nn.attention.bias imports torch._dynamo (1-5 s in every process).
@@ -96,6 +97,7 @@ def _cpu_flash(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
         q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
         capabilities=KERNELS_BY_NAME["sdpa-flash"].capabilities_on("cpu"),
     )
+    scale, causal, window = plain_scalars(scale, causal, window)
     k, v = keys_some_row_sees(k, v, q.shape[1], window)
     visible = _mask(q.shape[1], k.shape[1], causal, window, q.device)
     additive = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from fmha.adapters import sdpa
-from fmha.contract import Capabilities, KernelEntry, check_attention_args
+from fmha.contract import Capabilities, KernelEntry, check_attention_args, plain_scalars
 from fmha.contract.slots import request_slots
 
 SDPA_PAGED = Capabilities(
@@ -23,6 +23,7 @@ def sdpa_paged(q, k, v, *, scale=None, causal=False, window=None, sink=None, out
     p = check_attention_args(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out,
                              block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
                              capabilities=SDPA_PAGED)
+    scale, causal, window = plain_scalars(scale, causal, window)
     math_sdpa = sdpa.KERNELS_BY_NAME["sdpa-math"].fn
     if p.source == "dense":
         return math_sdpa(q, k, v, scale=scale, causal=causal, window=window)

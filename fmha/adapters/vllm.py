@@ -32,7 +32,7 @@ import torch
 
 from fmha.adapters.conventions import keys_left_of_current, packed_queries
 from fmha.adapters.libraries import availability_of, written_to
-from fmha.contract import Capabilities, KernelEntry, check_attention_args
+from fmha.contract import Capabilities, KernelEntry, check_attention_args, plain_scalars
 
 INSTALL = "vLLM is not installed: pip install vllm (`pip install 'fmha[vllm]'` brings it)"
 MODULES = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")
@@ -62,6 +62,7 @@ def unified_with(capabilities: Capabilities, library=_library):
         p = check_attention_args(q, k_cache, v_cache, scale=scale, causal=causal, window=window, sink=sink, out=out,
                                  block_table=block_table, kv_lens=kv_lens, cu_seqlens_q=cu_seqlens_q,
                                  capabilities=capabilities)
+        scale, causal, window = plain_scalars(scale, causal, window)
         packed, starts = packed_queries(q, cu_seqlens_q)
         o = torch.empty(*packed.shape[:2], p.head_dim_v, dtype=q.dtype, device=q.device)
         window_size = (keys_left_of_current(window), -1 if window is None else 0)

@@ -13,6 +13,8 @@ granularity a kernel can get wrong:
 - ``step:<dim>``: a slice with step 2 along a dim (a gap after each of its elements);
 - ``offset``: the view starts past its buffer's first element;
 - ``zero:<dim>``: stride 0 along a dim (broadcast), for an argument a kernel only reads;
+- ``overlap:<dim>``: a stride along a dim smaller than what the dims inside it span, so that its
+  elements share memory (an unfolded sliding window's chunks), for an argument a kernel only reads;
 - ``alias:<other>``: two arguments are views of one buffer, neither the whole of it.
 """
 
@@ -58,6 +60,8 @@ def storage_freedoms(argument: Argument) -> tuple[str, ...]:
     found.append("offset")
     if argument.broadcast:
         found += [f"zero:{dim}" for dim in dims]
+        # a dim overlaps what lies inside it: the contiguous last dim, or another strided dim
+        found += [f"overlap:{dim}" for dim in (dims if argument.contiguous_last else dims[:-1])]
     found += [f"alias:{other}" for other in argument.aliases]
     return tuple(found)
 

@@ -92,6 +92,13 @@ def check_attention_args(
             fail(f"out: expected q's device {q.device}, got {out.device}")
         if out.numel() and out.stride(-1) != 1:
             fail(f"out: expected a contiguous last dim (stride 1), got strides {tuple(out.stride())}")
+        if _overlaps_itself(out):
+            fail(f"out: expected each element its own memory (a kernel writes them all), got strides {tuple(out.stride())}")
+        inputs = dict(q=q, k=k, v=v, sink=sink, extra_k_cache=extra_k_cache)
+        shared = [name for name, t in inputs.items() if isinstance(t, torch.Tensor) and _share_memory(out, t)]
+        if shared:
+            fail(f"out: expected memory of its own, got memory {', '.join(shared)} also uses (the inputs are "
+                 "read-only and read while out= is written)")
     if capabilities is not None:
         needs = ("out",) if out is not None else ()
         reasons = capabilities.not_supported_reasons(problem, q.device.type, needs=needs)
@@ -179,6 +186,38 @@ def _check_scalars(scale, causal, window) -> None:
             fail(f"window: expected an int >= 1 or None, got {_type(window)} {window!r}")
         if window < 1:
             fail(f"window: expected an int >= 1 or None, got {int(window)}")
+
+
+def plain_scalars(scale, causal, window) -> tuple[float | None, bool, int | None]:
+    """A valid call's scale, causal and window as the contract means them, in Python's types: a
+    numpy scalar becomes a float, bool or int, and a window makes the call causal whatever causal
+    says. An adapter hands these to its library, never the caller's own (a library may take
+    causal=False beside a window for a two-sided window, or refuse a numpy float)."""
+    return (None if scale is None else float(scale)), bool(causal) or window is not None, (
+        None if window is None else int(window))
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Two of t's elements at one address (stride 0 included)."""
+    span = 0  # what the dims inside span, from the innermost
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+        if stride <= span or stride == 0:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes a and b span in one buffer meet (a conservative test: their extents)."""
+    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def extent(t):
+        first = t.storage_offset() * t.element_size()
+        return first, first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = extent(a), extent(b)
+    return a0 < b1 and b0 < a1
 
 
 def _check_values(name: str, t: torch.Tensor, expected: str, index: str) -> None:
