@@ -211,6 +211,12 @@ def measure(
     row_scale = A.clamp(min=torch.finfo(dtype).tiny).norm(dim=-1)
     row_err = diff.norm(dim=-1)
     unit = math.hypot(2.0 ** -(MANTISSA_BITS[dtype] + 1), 2.0**-24 * logit_rms)
+    if logit_magnitude is not None:
+        # A row's own logits held in fp32, as the LSE's allowance counts them: the call's RMS is one
+        # unit of 2^-24 of all of them, and a row's q.k of D fp32 terms errs by several units of its
+        # own magnitude (bf16, D = 112, logits near -1e6 whose top two are 0.07 apart: fmha and SDPA
+        # flash at 8.8 units of 8 on one row of 2400, against the RMS alone).
+        unit = torch.sqrt(unit**2 + (LOGIT_ROUNDING * logit_magnitude.double().transpose(-1, -2)) ** 2)
     if summed_abs is not None:  # the rounding of the row's sums, by the terms' count (above)
         sums = summed_abs.norm(dim=-1) / row_scale
         unit = torch.sqrt(unit**2 + (2.0**-24 * sums) ** 2)

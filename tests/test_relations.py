@@ -77,10 +77,11 @@ def test_plain_scalars_are_what_the_contract_means():
     assert plain_scalars(None, False, None) == (None, False, None)
 
 
-@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-paged", "flex"])
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-paged"])
 def test_an_adapter_masks_a_window_passed_with_causal_false(name):
     """A window implies causal: the adapters' libraries take causal=False beside a window as no mask
-    (SDPA's math adapter did, 0.66 cosine), so they are handed plain_scalars."""
+    (SDPA's math adapter did, 0.66 cosine), so they are handed plain_scalars. (Flex, whose block
+    mask took causal from the caller too, compiles for a minute: the draws judge it.)"""
     kernel = resolve_kernel(name)
     if kernel.not_supported_reasons(WINDOWED.problem, "cpu"):
         pytest.skip(kernel.not_supported_reasons(WINDOWED.problem, "cpu")[0])
