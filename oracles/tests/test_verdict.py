@@ -369,12 +369,14 @@ def test_a_row_of_logits_near_minus_a_million_is_allowed_its_own_fp32_rounding()
     percent in any fp32 kernel. fmha (and SDPA flash on an H100) measured 8.8 units of 8 on one row
     of 2400 against the call's logit RMS alone; the row's own logit magnitude, counted as the LSE's
     allowance counts it, holds it. A row of o = 0 (a sentinel that dropped it) still fails."""
+    from fmha import dispatch
+    from fmha.contract import KernelEntry
     from fmha.oracles.check import check_sample, oracle_of
-    from fmha.regressions.selection import resolve_kernel
 
     sample = Sample(problem=Problem(batch=160, q_len=15, kv_len=61, heads_q=1, heads_kv=1, head_dim=112),
                     distribution="negative_logits", k_storage="zero:B", seed=1, run_seed=46106094253060303)
-    verdict = check_sample(resolve_kernel("fmha"), sample, "cpu")
+    fmha = KernelEntry(name="fmha", fn=dispatch.attention, capabilities=dispatch.CAPABILITIES)
+    verdict = check_sample(fmha, sample, "cpu")
     assert verdict.passed, verdict.message()
     oracle = oracle_of(sample.inputs())
     dropped = oracle.o.to(torch.bfloat16)
