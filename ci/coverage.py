@@ -110,9 +110,11 @@ def _form_excluded(relation, form: str, caps) -> str:
 
 
 def _size_excluded(symbol: str, value: int, caps) -> str:
-    if "dense" not in caps.sources:
-        return "sources: the sizes are a dense call's records (a paged or sparse call's: not records yet)"
-    if value > ranges.SIZES[symbol].affordable:
+    if not ranges.applies(symbol, caps):
+        return f"sources: a size of {', '.join(ranges.SIZES[symbol].sources)} calls"
+    if symbol == "pages" and value == 1:
+        return "not drawn: a draw's cache holds a page of poison beside those it reads"
+    if not ranges.affordable(symbol, value, caps):
         return "the GPU scale tier's (past what a CPU run affords)"
     return ""
 
@@ -135,7 +137,7 @@ def reached_by(samples, kernel, device: str) -> tuple[Counter, Counter, Counter]
         x = sample.inputs(device)
         call = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs(), **({"out": out_for(x)[1]} if takes_out else {})}
         counts.update(freedoms_of(call, x.problem))
-        sizes.update(ranges.of_problem(x.problem).items())
+        sizes.update(ranges.of_call(call, x.problem))
         forms.update(shown(call))
     return counts, sizes, forms
 

@@ -435,7 +435,8 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in (
            "draw", lambda p: p.source != "dense" and (p.causal or p.source == "sparse"), _rows_without_keys,
            _keys_for_every_row, "masked-row-nan", opt_out="empty_rows"),
     Hazard("repeated-indices", "an index repeated within a row", "a quarter of each row's indices repeat another of "
-           "its indices", "draw", lambda p: p.source == "sparse", _repeated_indices, _reset(repeats=0.0),
+           "its indices", "draw", lambda p: p.source == "sparse" and max(p.kv_len, p.extra_topk or 0) > 1,
+           _repeated_indices, _reset(repeats=0.0),
            "repeated-index-counted-once"),
     Hazard("last-slot", "any slot of the cache", "a key in the cache's last slot (the last page's last offset)",
            "draw", lambda p: p.source == "sparse", _last_slot, _reset(last_slot=False), "last-slot-unread"),

@@ -62,6 +62,15 @@ def inputs(sample: Sample, g: torch.Generator, q, k, v, sink, device, fill: floa
     return _sparse(sample, g, q, k, sink, device, fill)
 
 
+def _base(sample, natural: int) -> int:
+    """Pages of poison before the cache's own, so that it holds `sample.num_blocks` in all."""
+    if sample.num_blocks is None:
+        return 0
+    if sample.num_blocks < natural:
+        raise ValueError(f"num_blocks: the call's pages are {natural}, more than the {sample.num_blocks} asked for")
+    return sample.num_blocks - natural
+
+
 def _int32(values, device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=device)
 
@@ -84,6 +93,10 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
         num_blocks = max(num_blocks, 2)  # a page stride shows between two pages
     order = torch.randperm(num_blocks, generator=g).tolist()
     spare, order = order[-1], iter(order[:-1])
+    base = _base(sample, num_blocks)
+    if base:  # the spare the lowest id, the pages read the highest: the largest id read is the last
+        spare, order = base, iter(base + 1 + i for i in torch.randperm(num_blocks - 1, generator=g).tolist())
+        num_blocks += base
     max_blocks = max(pages_of, default=0) + 1  # one entry past the longest request: poison
     table = [[spare] * max_blocks for _ in range(B)]
     for b in range(B):
@@ -201,12 +214,14 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
     if "padded-pages" in sample.hazards:
         num_blocks = max(num_blocks, 2)  # a page stride shows between two pages
     slots = torch.randperm(num_blocks * block_size, generator=g)[:B * topk].view(B, topk)
+    base = _base(sample, num_blocks) if scope == 1 else 0
+    slots, num_blocks = slots + base * block_size, num_blocks + base  # the pages read among the highest ids
     order, invalid, (repeated, source) = _row_draws(sample, scope, B, T, topk, topk_lens)
     last = num_blocks * block_size - 1
     if sample.last_slot:  # a key some row reads lives in the cache's last slot, in any block size
         _in_the_last_slot(slots, _a_read_key(order, invalid, repeated, topk_lens), last)
     elif bool((slots == last).any()):  # and otherwise no key does: the slot holds poison
-        free = sorted(set(range(num_blocks * block_size)) - set(slots.flatten().tolist()))
+        free = sorted(set(range(base * block_size, num_blocks * block_size)) - set(slots.flatten().tolist()))
         slots[slots == last] = free[0]
     indices = torch.gather(slots[:, None, :].expand(B, T, topk), 2, order) if topk else slots.new_zeros(B, T, 0)
     indices = torch.where(repeated, torch.gather(indices, 2, source), indices)

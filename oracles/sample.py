@@ -67,6 +67,9 @@ class Sample:
     last_slot: bool = False  # sparse: a key in the cache's last slot (the last page's last offset)
     cache_exponent: int = 0  # quantized caches: keys scaled by 2^e (ue8m0 scales toward an end)
     outliers: bool = False  # quantized caches: each tile's first element 2^14 (e2m1: 2^2) times the others (small codes beside it)
+    # Paged and sparse caches in q's dtype: the (first scope's) cache holds this many pages, the call's
+    # own the last of them (ids up to num_blocks - 1, the page ids a kernel may narrow), poison before.
+    num_blocks: int | None = None
     # Contract v2: the layout hazards laid in (fmha.oracles.hazards.LAYOUT_HAZARDS: poison in unread
     # keys, strided tables, caches and queries, runs of -1, every code of a format); a hostile draw
     # names every one that applies.
@@ -106,6 +109,8 @@ class Sample:
             raise ValueError("repeats, last_slot: they lay out index-sparse samples")
         if (self.cache_exponent or self.outliers) and not p.cache_layouts:
             raise ValueError("cache_exponent, outliers: they shape quantized caches")
+        if self.num_blocks is not None and (p.source == "dense" or p.cache_layout is not None):
+            raise ValueError("num_blocks: the pages of a paged or sparse cache in q's dtype")
         unknown = [name for name in self.hazards if name not in HAZARDS or HAZARDS[name].kind != "layout"]
         if unknown:
             raise ValueError(f"hazards: {unknown} are not layout hazards; those are "
@@ -189,6 +194,8 @@ class Sample:
             parts.append(f"repeats{self.repeats:.3g}")
         if self.cache_exponent:
             parts.append(f"cache2^{self.cache_exponent}")
+        if self.num_blocks is not None:
+            parts.append(f"pages{self.num_blocks}")
         parts += [flag for flag in ("shared_pages", "last_slot", "outliers") if getattr(self, flag)]
         if self.hazards:
             parts.append("hazards:" + "+".join(self.hazards))

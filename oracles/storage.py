@@ -183,5 +183,5 @@ def freedoms_of(call: dict, problem) -> set[tuple[str, str]]:
 
 def tally(call: dict, problem) -> None:
     REACHED.update(freedoms_of(call, problem))
-    SIZES_SEEN.update(ranges.of_problem(problem).items())
+    SIZES_SEEN.update(ranges.of_call(call, problem))
     RELATIONS_SEEN.update(relations.shown(call))

@@ -168,20 +168,23 @@ def _self_attention(caps, seed) -> Sample | None:
 
 
 def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
-    """The sizes' freedoms (fmha.contract.ranges) a CPU run affords, each in some sample: the head
-    dims a kernel declares or the contract allows at their ends, past 8 bits and those of real
-    models (40, 72), with query rows and keys at 255 to 257 beside them; 128 and 255 to 257 query
-    heads (KV heads, groups and requests past 64 are the GPU scale tier's). Few rows, keys and heads
-    beside the large size: what a call costs is that size's alone."""
+    """The sizes' freedoms (fmha.contract.ranges) a CPU run affords, each in some sample of the
+    kernel's first source (dense, else paged, else sparse): the head dims a kernel declares or the
+    contract allows at their ends, past 8 bits and those of real models (40, 72), with query rows
+    and keys at 255 to 257 beside them; 128 and 255 to 257 query heads (KV heads, groups and
+    requests past 64 are the GPU scale tier's); a paged or sparse call's block sizes, top-k and
+    pages (`_paged_sizes`). Few rows, keys and heads beside the large size: what a call costs is that
+    size's alone."""
     dtype = next((d for d in (torch.bfloat16, *caps.dtypes) if d in caps.dtypes and caps.head_dims_for(d) != ()), None)
-    if dtype is None:
+    source = next((s for s in ("dense", "paged", "sparse") if s in caps.sources), None)
+    if dtype is None or source is None:
         return []
 
     def affordable(symbol: str) -> list[int]:
         return sorted({n for _, n in _freedoms(caps, symbol, dtype) if n <= ranges.SIZES[symbol].affordable})
 
     dims, rows, keys = affordable("D"), affordable("T"), affordable("S")
-    split = caps.split_head_dim_v and "shared_kv" not in caps.requires
+    split = caps.split_head_dim_v and "shared_kv" not in caps.requires and source != "sparse"
     # groups of 6 and 12 (real models'), of 2 over two KV heads one broadcast head (an even group
     # shows only where the KV heads are one: fmha.oracles.hazards._odd_group), one head, then groups of 3
     grouped = [*([(12, 6), (12, 12), (4, 2)] if "gqa" in caps.features else []), (1, 1)]
@@ -194,14 +197,63 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
                              head_dim_v=dims[-1 - i] if split else head_dim))
     # (Hq, group, Hkv): 128 heads in groups of 64, 255 to 257 in groups past 16 (16 does not divide
     # them: hostile); one KV head or a few, which a kernel's row tiles pack (256 KV heads, or 256
-    # requests, cost the interpreter a program each: the GPU scale tier's, fmha.contract.ranges)
+    # requests, cost the interpreter a program each: the GPU scale tier's, fmha.contract.ranges);
+    # two requests in the first (a dense kernel's other samples have them)
     heads = [(128, 64, 2), (255, 17, 15), (256, 256, 1), (257, 257, 1)]
     for heads_q, group, heads_kv in heads:
         if (group == 1 or "gqa" in caps.features) and (caps.heads_q is None or heads_q in caps.heads_q):
-            found.append(Problem(batch=1, q_len=1, kv_len=17, heads_q=heads_q, heads_kv=heads_kv,
-                                 head_dim=dims[0], dtype=dtype))
-    return [Sample(problem=p, seed=seed, k_storage="zero:Hkv" if p.heads_q == 2 * p.heads_kv == 4 else "contiguous")
-            for p in found]
+            found.append(Problem(batch=2 if heads_q == 128 else 1, q_len=1, kv_len=17, heads_q=heads_q,
+                                 heads_kv=heads_kv, head_dim=dims[0], dtype=dtype))
+    found = [_in_source(p, caps, source) for p in found]
+    samples = [Sample(problem=p, seed=seed, k_storage="zero:Hkv" if p.heads_q == 2 * p.heads_kv == 4 else "contiguous")
+               for p in found]
+    return samples + _paged_sizes(caps, seed, dtype, dims[0])
+
+
+def _in_source(problem: Problem, caps: Capabilities, source: str) -> Problem:
+    """A dense problem's sizes in a call of `source`: pages of 16 (or the kernel's), K = V for sparse
+    rows (their top-k the keys)."""
+    if source == "dense":
+        return problem
+    sparse = dict(shared_kv=True, head_dim_v=problem.head_dim) if source == "sparse" else {}
+    return problem.replace(source=source, block_size=_block_size(caps, 16), **sparse)
+
+
+def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sample]:
+    """A paged or sparse call's sizes: each block size and top-k a CPU run affords (a page and one
+    key more, one row of 8 or top-k indices), and caches of 2 to 2^16 + 1 pages in pages of the
+    smallest block size, the call's own pages the last ids (a kernel that narrows a page id to 8 or
+    16 bits reads the wrong page)."""
+    source = next((s for s in ("paged", "sparse") if s in caps.sources), None)
+    if source is None:
+        return []
+
+    def affordable(symbol: str) -> list[int]:
+        allowed = ranges.allowed_by(caps, symbol)
+        return sorted({n for n in ranges.values(ranges.SIZES[symbol], allowed).values()
+                       if ranges.affordable(symbol, n, caps)})
+
+    def call(block_size: int, keys: int, group: int = 3, source: str = source, **fields) -> Sample:
+        heads_q, heads_kv = _heads(caps, group, 1 if group > 1 else 2)  # a group of 3: a tile's heads split
+        problem = Problem(batch=1, q_len=_rows(caps, 1), kv_len=keys, heads_q=heads_q, heads_kv=heads_kv,
+                          head_dim=head_dim, dtype=dtype, source=source, block_size=block_size)
+        if source == "sparse":  # a request that reads nothing beside one that reads every index, as _sparse's
+            problem = problem.replace(shared_kv=True, batch=2)
+            fields |= dict(topk_lens=(0, keys) if caps.empty_rows else None, repeats=0.25 if keys > 1 else 0.0,
+                           last_slot=True)
+        return Sample(problem=problem, seed=seed, **fields)
+
+    smallest = min(caps.block_sizes or (1,))
+    found = [call(bs, bs + 1 if source == "paged" else 8, group=1) for bs in affordable("block_size")]
+    if "sparse" in caps.sources:
+        found += [call(_block_size(caps, 16), topk, source="sparse") for topk in affordable("topk")]
+    # a sparse call's cache holds its two requests' keys and a slot of poison: 5 pages of one key
+    natural = 2 if source == "paged" else max(2, -(-(2 * 2 + 1) // smallest))
+    found += [call(smallest, 2 if source == "sparse" else smallest, num_blocks=n) for n in affordable("pages")
+              if n >= natural]
+    if source == "paged" and "sparse" in caps.sources:  # a sparse slot's page past 2^16 too
+        found.append(call(smallest, 2, source="sparse", num_blocks=2**16 + 1))
+    return found
 
 
 def _freedoms(caps: Capabilities, symbol: str, dtype) -> list[tuple[str, int]]:
@@ -217,7 +269,7 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
         found += [_dense(caps, torch.bfloat16, seed, distribution) for distribution in ("large_logits", "negative_logits")]
         found += [_dense(caps, torch.float16, seed, "large_v", q_len=1, kv_len=2048, window=None),  # sums past 65504
                   _dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300),  # a window past 256 keys
-                  _self_attention(caps, seed), *_sizes(caps, seed)]
+                  _self_attention(caps, seed)]
     if "paged" in caps.sources:
         found += [_paged(caps, dtype, seed, ragged=False) for dtype in DTYPES]
         found += [_paged(caps, torch.bfloat16, seed, ragged=False, distribution=d) for d in ("large_logits",
@@ -245,7 +297,8 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
 def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
     """The samples the laws of calls in sequence run first (their three calls each cost more than
     a family's whole set would): a window past 256 keys, fp16 sums past 65504, sizes' edges,
-    a ragged batch of requests without rows, without keys and with more rows than keys."""
+    a ragged batch of requests without rows, without keys and with more rows than keys, a quantized
+    second scope beside a first in q's dtype."""
     found = []
     if "dense" in caps.sources:
         found += [_dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300),
@@ -255,6 +308,8 @@ def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
         found += [s for s in sizes if s.problem.head_dim == 40][:1] + [s for s in sizes if s.problem.heads_q in (255, 257)]
     if {"paged", "ragged"} <= caps.sources:
         found.append(_paged(caps, torch.bfloat16, seed, ragged=True))
+    if "two_scopes" in caps.sources and caps.unquantized_caches:  # a quantized second scope beside one in q's dtype
+        found += _scopes_of_their_own(caps, seed)[1:2]
     return [hostile(s, caps) for s in found if s is not None]
 
 
@@ -263,29 +318,32 @@ def covering_samples(kernel, device: str, seed: int = 0) -> list[Sample]:
     so that together they give every tensor argument every storage form its record allows
     (`with_every_storage`)."""
     caps = kernel.capabilities_on(device)
-    members = [s for s in skeletons(caps, seed) if not kernel.not_supported_reasons(s.problem, device)]
-    return with_every_storage(with_every_relation(members, kernel, device))
+    supported = lambda samples: [s for s in samples if not kernel.not_supported_reasons(s.problem, device)]  # noqa: E731
+    members = with_every_storage(with_every_relation(supported(skeletons(caps, seed)), kernel, device))
+    # the sizes' samples packed: a size of 1 (one KV head, pages of one key) hides a form handed to it
+    return members + supported([hostile(s, caps) for s in _sizes(caps, seed)])
 
 
-def with_every_relation(members: list[Sample], kernel, device: str) -> list[Sample]:
+def with_every_relation(members: list[Sample], kernel, device: str, k_is_v: bool = True) -> list[Sample]:
     """`members` with each relation's forms (fmha.contract.relations) handed out, in each source's
     members: a window passed with causal=False (and a float scale), numpy scalars (a window's too),
-    an integral scale as an int; K = V beside v apart where the kernel takes both. Before the
-    storage forms: a member made K = V has no v to lay out."""
+    an integral scale as an int; with `k_is_v`, K = V beside v apart where the kernel takes both (a
+    copy of the source's first member)."""
     members = list(members)
     for source in ("dense", "paged", "sparse"):
         mine = [i for i, m in enumerate(members) if m.problem.source == source and m.distribution == "normal"]
         chosen = sorted(mine, key=lambda i: members[i].problem.window is None)[:3]  # those with a window first
-        forms = (dict(scalars=("causal=False",), scale=0.5), dict(scalars=("numpy",), scale=0.25),
-                 dict(scalars=("int scale",), scale=1.0))
-        for i, changes in zip(chosen, forms):
-            members[i] = members[i].replace(**changes)
-        apart = [i for i in mine if not members[i].problem.shared_kv]
-        if source != "sparse" and len(apart) > 1 and not any(m.problem.shared_kv for m in members
-                                                              if m.problem.source == source):
-            k_is_v = members[apart[-1]].replace(shared_kv=True, head_dim_v=members[apart[-1]].problem.head_dim)
+        # the default scale passed as a float (the same values: the hazards laid for them still show);
+        # an int scale of 1 in one call of the first source (a scale 8x the default there)
+        first = source == next(m.problem.source for m in members) if members else False
+        forms = [("causal=False",), ("numpy",), *([("int scale",)] if first else [])]
+        for i, scalars in zip(chosen, forms):
+            scale = 1.0 if scalars == ("int scale",) else members[i].problem.head_dim ** -0.5
+            members[i] = members[i].replace(scalars=scalars, scale=scale)
+        if k_is_v and source != "sparse" and mine and not any(m.problem.shared_kv for m in members if m.problem.source == source):
+            k_is_v = members[mine[0]].replace(shared_kv=True, head_dim_v=members[mine[0]].problem.head_dim, scalars=())
             if not kernel.not_supported_reasons(k_is_v.problem, device):
-                members[apart[-1]] = k_is_v
+                members.append(k_is_v)  # one more: each member keeps the v its storage forms were laid out for
     return members
 
 
@@ -363,7 +421,8 @@ def for_law(law, kernel, device: str, seed: int = 0) -> list[Sample]:
         return [s for s in covering_samples(kernel, device, seed) if fits(law, s)]
     caps = kernel.capabilities_on(device)
     return with_every_relation([s for s in sequences(caps, seed) if not kernel.not_supported_reasons(s.problem, device)
-                                and (s.problem.source == "dense") == (law.draws == "dense")], kernel, device)
+                                and (s.problem.source == "dense") == (law.draws == "dense")], kernel, device,
+                               k_is_v=False)
 
 
 def fits(law, sample: Sample) -> bool:

@@ -379,6 +379,22 @@ def softmax_without_the_row_max(q, k, v, **kw):
     return o.masked_fill_(rows[..., None], math.nan), lse  # in `out` when given
 
 
+@_bug
+def page_ids_in_16_bits(q, k, v, **kw):
+    """Page ids held in 16 bits: in a cache of more than 2^16 pages, page p past them is read as page
+    p - 2^16 (poison, or another request's keys).
+
+    The block table's ids, and a sparse slot's page, taken modulo 2^16."""
+    table, indices = kw.get("block_table"), kw.get("indices")
+    if table is not None:
+        kw["block_table"] = table % 2**16
+    if indices is not None:
+        block_size = k.shape[1]
+        narrowed = (indices // block_size % 2**16) * block_size + indices % block_size
+        kw["indices"] = torch.where(indices >= 0, narrowed, indices).to(torch.int32)
+    return reference(q, k, v, **kw)
+
+
 # mutant -> the trap whose cases it must fail ("" where the laws alone prove it)
 _TRAPS = {
     one_table_row: "block-table-row-stride", whole_last_page: "last-partial-page",
@@ -393,7 +409,7 @@ _TRAPS = {
     plan_reused: "",
     zero_query_request_shifts_rows: "zero-query-request", window_one_too_wide: "", causal_from_the_first_key: "",
     repeated_index_counted_once: "", last_slot_unread: "", topk_len_zero_reads_all: "",
-    softmax_without_the_row_max: "large-key-scales",
+    softmax_without_the_row_max: "large-key-scales", page_ids_in_16_bits: "page-ids-past-16-bits",
 }
 
 

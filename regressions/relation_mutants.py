@@ -58,8 +58,8 @@ def _second_scope_scales_follow_the_first(args):
     return args
 
 
-def _relation(name: str, bug: str, fn) -> Mutant:
-    return Mutant(name, "", bug, functools.partial(_entry, name, fn), twin=lambda: REFERENCE_ENTRY)
+def _relation(name: str, bug: str, fn, trap: str = "") -> Mutant:
+    return Mutant(name, trap, bug, functools.partial(_entry, name, fn), twin=lambda: REFERENCE_ENTRY)
 
 
 RELATION_MUTANTS = (
@@ -73,5 +73,5 @@ RELATION_MUTANTS = (
               "call masked as causal only", through(_window_of_another_type_ignored)),
     _relation("second-scope-scales-follow-the-first", "the tile scales applied under the first scope's layout: "
               "a quantized second scope beside a first in q's dtype read with every scale 1",
-              through(_second_scope_scales_follow_the_first)),
+              through(_second_scope_scales_follow_the_first), trap="second-scope-quantized-alone"),
 )

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from fmha.contract import KernelEntry
+from fmha.contract.ranges import PAGE_SLOTS_AFFORDABLE
 from fmha.oracles.check import judge_run, oracle_of
 from fmha.oracles.kernel_call import run_kernel
 from fmha.oracles.sample import Sample
@@ -122,6 +123,12 @@ def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> 
     tried = [c for c in _layouts(case, caps) if not kernel.not_supported_reasons(c.problem, device)]
     if not tried:
         return None, "; ".join(reasons)
+    # a case's cache of num_blocks pages, re-laid in larger pages, may hold more slots than a run affords
+    cheap = [c for c in tried if c.num_blocks is None or c.num_blocks * c.problem.block_size <= PAGE_SLOTS_AFFORDABLE]
+    if not cheap:
+        return None, (f"{'; '.join(reasons)}; in its block sizes the case's cache of {case.num_blocks} pages is past "
+                      f"{PAGE_SLOTS_AFFORDABLE} slots (the GPU scale tier's)")
+    tried = cheap
     for candidate in tried:
         if not mutants or any(_fails(mutant, candidate, device) for mutant in mutants):
             return candidate, ""

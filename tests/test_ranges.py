@@ -51,3 +51,50 @@ def test_head_dims_declared_for_one_dtype_give_that_dtypes_size_samples():
     assert ranges.values(ranges.SIZES["D"], ()) == {}
     samples = covering._sizes(caps, 0)
     assert samples and {(s.problem.dtype, s.problem.head_dim) for s in samples} == {(torch.float16, 64)}
+
+
+def test_a_paged_and_a_sparse_call_are_counted_by_their_block_sizes_top_k_and_pages():
+    """A paged or sparse call's sizes are read from the call: each scope's block size and top-k,
+    and each cache's pages."""
+    storage.SIZES_SEEN.clear()
+    paged = Problem(batch=2, q_len=1, kv_len=9, heads_q=2, heads_kv=1, head_dim=16, source="paged", block_size=3)
+    assert check_sample(ENTRY, Sample(problem=paged, num_blocks=300)).passed
+    sparse = Problem(batch=1, q_len=1, kv_len=5, heads_q=2, heads_kv=1, head_dim=16, shared_kv=True, source="sparse",
+                     block_size=2, extra_topk=7, extra_block_size=4)
+    assert check_sample(ENTRY, Sample(problem=sparse)).passed
+    seen = storage.SIZES_SEEN
+    assert seen[("block_size", 3)] == seen[("pages", 300)] == 1
+    assert seen[("block_size", 2)] == seen[("block_size", 4)] == seen[("topk", 5)] == seen[("topk", 7)] == 1
+
+
+def test_a_cache_of_num_blocks_pages_holds_the_calls_own_in_its_last_ids():
+    """Sample.num_blocks: poison in the first pages (the spare the lowest of the call's), the pages
+    read the highest ids, so that the largest id read is num_blocks - 1; fewer than the call needs is
+    an error naming it."""
+    import pytest
+
+    problem = Problem(batch=2, q_len=1, kv_len=4, heads_q=2, heads_kv=1, head_dim=16, source="paged", block_size=1)
+    x = Sample(problem=problem, num_blocks=2**16 + 1).inputs()
+    table, lens = x.source_args["block_table"], x.source_args["kv_lens"].tolist()
+    read = {int(table[b, i]) for b, n in enumerate(lens) for i in range(n)}
+    assert x.k.shape[0] == 2**16 + 1 and max(read) == 2**16 and min(read) >= 2**16 + 1 - 8
+    with pytest.raises(ValueError, match="num_blocks: the call's pages are"):
+        Sample(problem=problem, num_blocks=3).inputs()
+
+
+def test_the_audit_names_a_page_count_the_covering_samples_lost(monkeypatch):
+    """The covering samples' caches without 2^16 + 1 pages (as if the records stopped at 16 bits): the
+    audit fails and names it."""
+    from fmha.ci import coverage
+    from fmha.properties import covering
+
+    sizes = covering._paged_sizes
+
+    def without(*args):
+        return [s for s in sizes(*args) if s.num_blocks != 2**16 + 1]
+
+    monkeypatch.setattr(covering, "_paged_sizes", without)
+    kernel = resolve_kernel("reference")
+    counts = coverage.reached_by(covering.covering_samples(kernel, "cpu"), kernel, "cpu")
+    missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), *counts))
+    assert [(r.argument, r.freedom) for r in missing] == [("size pages", "2^16+1 (65537)")]

@@ -1,4 +1,5 @@
-"""The sizes a caller chooses, as data: one record per size of a dense call (fmha.contract.arguments
+"""The sizes a caller chooses, as data: one record per size of a call (B, T, S, the heads, the head
+dims; a paged or sparse call's block size, top-k and the page ids it reads; fmha.contract.arguments
 has the tensors' storage), with the values of its range where kernels go wrong, so that the draws
 (fmha.properties.strategies) reach them and the coverage audit (fmha.ci.coverage) names any they
 do not.
@@ -12,7 +13,7 @@ it (a kernel of head dims 16 to 512 in steps of 16: its D's "min + 1" is 32):
 - ``=n``: a value real models use that tiles of powers of two do not fit (head dim 40 in
   diffusion UNets, 72 in SigLIP; a group of 6 or 12; 128 query heads).
 
-Values past what a CPU run affords (``GPU_SCALE``) belong to the GPU scale tier.
+Values past what a CPU run affords (`Size.affordable`) belong to the GPU scale tier.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Size:
     models: tuple[int, ...] = ()  # values real models use
     # Above this a call is the GPU scale tier's (the CPU tier's interpreter and oracle cannot afford it).
     affordable: int = 512
+    sources: tuple[str, ...] = ("dense", "paged", "sparse")  # the calls that have it
 
 
 SIZES: dict[str, Size] = {s.symbol: s for s in (
@@ -42,6 +44,12 @@ SIZES: dict[str, Size] = {s.symbol: s for s in (
     Size("group", "query heads a KV head reads for (Hq / Hkv)", INT32_MAX, models=(6, 12, 64), affordable=64),
     Size("D", "head dim of q and k", 512, models=(40, 72, 80, 96, 112)),
     Size("Dv", "head dim of v", 512, models=(40, 72, 80, 96, 112)),
+    # contract v2, read from the call: a page's keys and a sparse row's indices (either scope's), the
+    # pages of a cache (either scope's; its page ids run to one less, the ids a kernel may narrow)
+    Size("block_size", "keys a page holds", INT32_MAX, models=(16, 64), affordable=1024, sources=("paged", "sparse")),
+    Size("topk", "indices a sparse row holds, a scope", INT32_MAX, models=(512, 2048), affordable=2048,
+         sources=("sparse",)),
+    Size("pages", "pages a cache holds (num_blocks)", INT32_MAX, affordable=2**16 + 1, sources=("paged", "sparse")),
 )}
 
 
@@ -69,13 +77,31 @@ def values(size: Size, allowed: tuple[int, ...] | None = None) -> dict[str, int]
 
 
 def of_problem(problem) -> dict[str, int]:
-    """symbol -> the size a dense problem has."""
+    """symbol -> the size a problem has (the sizes every call has)."""
     return dict(B=problem.batch, T=problem.q_len, S=problem.kv_len, Hq=problem.heads_q, Hkv=problem.heads_kv,
                 group=problem.heads_q // problem.heads_kv, D=problem.head_dim, Dv=problem.head_dim_v)
 
 
+def of_call(call: dict, problem) -> set[tuple[str, int]]:
+    """(symbol, value) of every size the contract call `call` (its arguments by name) shows: the
+    problem's, and a paged or sparse call's block sizes, top-k and pages (each scope's)."""
+    found = set(of_problem(problem).items())
+    if problem.source == "dense":
+        return found
+    found |= {("block_size", n) for n in (problem.block_size, problem.extra_block_size) if n}
+    if problem.source == "sparse":
+        found |= {("topk", n) for n in (problem.kv_len, problem.extra_topk) if n}
+    found |= {("pages", int(cache.shape[0])) for cache in (call["k"], call.get("extra_k_cache")) if cache is not None}
+    return found
+
+
 def allowed_by(caps, symbol: str) -> tuple[int, ...] | None:
     """The values of `symbol` a kernel of `caps` declares, or None (the contract's whole range)."""
+    if symbol == "block_size":
+        return caps.block_sizes
+    if symbol == "topk" and (caps.max_topk is not None or caps.topk_multiple_of > 1):
+        step = caps.topk_multiple_of
+        return tuple(range(step, (caps.max_topk or 4096 * step) + 1, step))
     if symbol in ("D", "Dv"):
         sets = [caps.head_dims_for(d) for d in caps.dtypes]
         if any(s is None for s in sets):
@@ -93,3 +119,20 @@ def freedoms(caps=None) -> list[tuple[str, str, int]]:
     """(symbol, label, value) of every size's freedoms (narrowed by `caps`' declaration if given)."""
     return [(s.symbol, label, n) for s in SIZES.values()
             for label, n in values(s, allowed_by(caps, s.symbol) if caps is not None else None).items()]
+
+
+# A cache's slots a CPU run affords: 2^16 + 1 pages of one or two keys, 257 pages of up to 1024.
+PAGE_SLOTS_AFFORDABLE = 2**18
+
+
+def affordable(symbol: str, value: int, caps) -> bool:
+    """Whether a CPU run affords a call with `symbol` at `value` (else: the GPU scale tier's); a
+    cache's pages count in the kernel's smallest block size."""
+    if symbol == "pages":
+        return value * min(caps.block_sizes or (1,)) <= PAGE_SLOTS_AFFORDABLE
+    return value <= SIZES[symbol].affordable
+
+
+def applies(symbol: str, caps) -> bool:
+    """Whether a kernel of `caps` makes calls that have the size `symbol`."""
+    return bool(set(SIZES[symbol].sources) & set(caps.sources))
