@@ -385,7 +385,7 @@ def render(rows: list[Row], correct: dict[str, list[str]], device: str, command:
         mutant = mutants[r.mutant]
         own = "; ".join(f.split(":")[0] for f in r.own)
         caught_all = all(f != "(passed)" for f in r.own)
-        own_cell = (f"{'caught' if caught_all else '**MISSED**'} ({own})" if r.own else "— (no trap)")
+        own_cell = (f"{'caught' if caught_all else '**MISSED**'} by {mutant.trap} ({own})" if r.own else "— (no trap)")
         bug = mutant.bug + (f" ([source]({mutant.source}))" if mutant.source else "")
         tests = r.note or (f"{len(r.tests)}" if len(r.tests) >= ENOUGH else f"**{len(r.tests)}**")
         laws_cell = "" if r.note else f"{len(r.laws_caught)}/{r.laws_run}: " + ", ".join(r.laws_caught)
