@@ -90,9 +90,8 @@ def _form_excluded(relation, form: str, caps) -> str:
     """Why a kernel of `caps` is never handed `form` of `relation`, or ""."""
     if not set(caps.sources) & set(relation.calls):
         return f"sources: declares {', '.join(sorted(caps.sources))}"
-    needs = {"window implies causal": "window", "window's type": "window"}.get(relation.name)
-    if needs and needs not in caps.features:
-        return f"features: no {needs}"
+    if "window" in relation.arguments and "window" not in caps.features:
+        return "features: no window"
     if relation.name == "v is k":
         if form == "v is k" and "shared_kv" not in caps.features:
             return "features: no shared_kv"
@@ -127,19 +126,17 @@ def reached_by(samples, kernel, device: str) -> tuple[Counter, Counter, Counter]
     """What `samples`' calls of `kernel` hand it, counted as run_kernel counts them (out= as it
     lays it out), without calling the kernel: (record, freedom), (size, value) and (relation, form)
     counts."""
-    from fmha.contract.relations import shown
     from fmha.oracles.kernel_call import out_for
-    from fmha.oracles.storage import freedoms_of
+    from fmha.oracles.storage import measured
 
-    counts, sizes, forms = Counter(), Counter(), Counter()
+    counters = (Counter(), Counter(), Counter())
     takes_out = "out" in kernel.capabilities_on(device).features
     for sample in samples:
         x = sample.inputs(device)
         call = {"q": x.q, "k": x.k, "v": x.v, **x.kwargs(), **({"out": out_for(x)[1]} if takes_out else {})}
-        counts.update(freedoms_of(call, x.problem))
-        sizes.update(ranges.of_call(call, x.problem))
-        forms.update(shown(call))
-    return counts, sizes, forms
+        for counter, found in zip(counters, measured(call, x.problem)):
+            counter.update(found)
+    return counters
 
 
 def draws(kernel, device: str, count: int, seed: int = 0) -> list:

@@ -181,7 +181,11 @@ def freedoms_of(call: dict, problem) -> set[tuple[str, str]]:
     return {(argument.name, f) for name, (t, argument) in tensors.items() for f in observed(t, argument) | aliases[name]}
 
 
+def measured(call: dict, problem) -> tuple[set, set, set]:
+    """What the audit counts of one call: its storage freedoms, its sizes and its relations' forms."""
+    return freedoms_of(call, problem), ranges.of_call(call, problem), relations.shown(call)
+
+
 def tally(call: dict, problem) -> None:
-    REACHED.update(freedoms_of(call, problem))
-    SIZES_SEEN.update(ranges.of_call(call, problem))
-    RELATIONS_SEEN.update(relations.shown(call))
+    for counter, found in zip((REACHED, SIZES_SEEN, RELATIONS_SEEN), measured(call, problem)):
+        counter.update(found)

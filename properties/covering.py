@@ -180,10 +180,7 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     if dtype is None or source is None:
         return []
 
-    def affordable(symbol: str) -> list[int]:
-        return sorted({n for _, n in _freedoms(caps, symbol, dtype) if n <= ranges.SIZES[symbol].affordable})
-
-    dims, rows, keys = affordable("D"), affordable("T"), affordable("S")
+    dims, rows, keys = (_affordable(caps, symbol, dtype) for symbol in ("D", "T", "S"))
     split = caps.split_head_dim_v and "shared_kv" not in caps.requires and source != "sparse"
     # groups of 6 and 12 (real models'), of 2 over two KV heads one broadcast head (an even group
     # shows only where the KV heads are one: fmha.oracles.hazards._odd_group), one head, then groups of 3
@@ -210,6 +207,12 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     return samples + _paged_sizes(caps, seed, dtype, dims[0])
 
 
+def _affordable(caps: Capabilities, symbol: str, dtype) -> list[int]:
+    """The values of `symbol`'s freedoms (within `caps`, head dims in `dtype`) a CPU run affords."""
+    allowed = caps.head_dims_for(dtype) if symbol in ("D", "Dv") else ranges.allowed_by(caps, symbol)
+    return sorted({n for n in ranges.values(ranges.SIZES[symbol], allowed).values() if ranges.affordable(symbol, n, caps)})
+
+
 def _in_source(problem: Problem, caps: Capabilities, source: str) -> Problem:
     """A dense problem's sizes in a call of `source`: pages of 16 (or the kernel's), K = V for sparse
     rows (their top-k the keys)."""
@@ -228,11 +231,6 @@ def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sa
     if source is None:
         return []
 
-    def affordable(symbol: str) -> list[int]:
-        allowed = ranges.allowed_by(caps, symbol)
-        return sorted({n for n in ranges.values(ranges.SIZES[symbol], allowed).values()
-                       if ranges.affordable(symbol, n, caps)})
-
     def call(block_size: int, keys: int, group: int = 3, source: str = source, **fields) -> Sample:
         heads_q, heads_kv = _heads(caps, group, 1 if group > 1 else 2)  # a group of 3: a tile's heads split
         problem = Problem(batch=1, q_len=_rows(caps, 1), kv_len=keys, heads_q=heads_q, heads_kv=heads_kv,
@@ -244,21 +242,16 @@ def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sa
         return Sample(problem=problem, seed=seed, **fields)
 
     smallest = min(caps.block_sizes or (1,))
-    found = [call(bs, bs + 1 if source == "paged" else 8, group=1) for bs in affordable("block_size")]
+    found = [call(bs, bs + 1 if source == "paged" else 8, group=1) for bs in _affordable(caps, "block_size", dtype)]
     if "sparse" in caps.sources:
-        found += [call(_block_size(caps, 16), topk, source="sparse") for topk in affordable("topk")]
+        found += [call(_block_size(caps, 16), topk, source="sparse") for topk in _affordable(caps, "topk", dtype)]
     # a sparse call's cache holds its two requests' keys and a slot of poison: 5 pages of one key
     natural = 2 if source == "paged" else max(2, -(-(2 * 2 + 1) // smallest))
-    found += [call(smallest, 2 if source == "sparse" else smallest, num_blocks=n) for n in affordable("pages")
-              if n >= natural]
+    found += [call(smallest, 2 if source == "sparse" else smallest, num_blocks=n)
+              for n in _affordable(caps, "pages", dtype) if n >= natural]
     if source == "paged" and "sparse" in caps.sources:  # a sparse slot's page past 2^16 too
         found.append(call(smallest, 2, source="sparse", num_blocks=2**16 + 1))
     return found
-
-
-def _freedoms(caps: Capabilities, symbol: str, dtype) -> list[tuple[str, int]]:
-    allowed = caps.head_dims_for(dtype) if symbol in ("D", "Dv") else ranges.allowed_by(caps, symbol)
-    return list(ranges.values(ranges.SIZES[symbol], allowed).items())
 
 
 def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
@@ -326,21 +319,22 @@ def covering_samples(kernel, device: str, seed: int = 0) -> list[Sample]:
 
 def with_every_relation(members: list[Sample], kernel, device: str, k_is_v: bool = True) -> list[Sample]:
     """`members` with each relation's forms (fmha.contract.relations) handed out, in each source's
-    members: a window passed with causal=False (and a float scale), numpy scalars (a window's too),
-    an integral scale as an int; with `k_is_v`, K = V beside v apart where the kernel takes both (a
+    members: a window passed with causal=False, numpy scalars (a window's too), each with the default
+    scale passed as a float, and an integral scale as an int; with `k_is_v`, K = V beside v apart where the kernel takes both (a
     copy of the source's first member)."""
     members = list(members)
+    first_source = members[0].problem.source if members else None
     for source in ("dense", "paged", "sparse"):
         mine = [i for i, m in enumerate(members) if m.problem.source == source and m.distribution == "normal"]
         chosen = sorted(mine, key=lambda i: members[i].problem.window is None)[:3]  # those with a window first
         # the default scale passed as a float (the same values: the hazards laid for them still show);
         # an int scale of 1 in one call of the first source (a scale 8x the default there)
-        first = source == next(m.problem.source for m in members) if members else False
-        forms = [("causal=False",), ("numpy",), *([("int scale",)] if first else [])]
+        forms = [("causal=False",), ("numpy",), *([("int scale",)] if source == first_source else [])]
         for i, scalars in zip(chosen, forms):
             scale = 1.0 if scalars == ("int scale",) else members[i].problem.head_dim ** -0.5
             members[i] = members[i].replace(scalars=scalars, scale=scale)
-        if k_is_v and source != "sparse" and mine and not any(m.problem.shared_kv for m in members if m.problem.source == source):
+        shared = any(m.problem.shared_kv for m in members if m.problem.source == source)
+        if k_is_v and source != "sparse" and mine and not shared:
             k_is_v = members[mine[0]].replace(shared_kv=True, head_dim_v=members[mine[0]].problem.head_dim, scalars=())
             if not kernel.not_supported_reasons(k_is_v.problem, device):
                 members.append(k_is_v)  # one more: each member keeps the v its storage forms were laid out for

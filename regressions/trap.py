@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from fmha.contract import KernelEntry
-from fmha.contract.ranges import PAGE_SLOTS_AFFORDABLE
+from fmha.contract.ranges import PAGE_SLOTS_AFFORDABLE, cache_affordable
 from fmha.oracles.check import judge_run, oracle_of
 from fmha.oracles.kernel_call import run_kernel
 from fmha.oracles.sample import Sample
@@ -124,7 +124,7 @@ def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> 
     if not tried:
         return None, "; ".join(reasons)
     # a case's cache of num_blocks pages, re-laid in larger pages, may hold more slots than a run affords
-    cheap = [c for c in tried if c.num_blocks is None or c.num_blocks * c.problem.block_size <= PAGE_SLOTS_AFFORDABLE]
+    cheap = [c for c in tried if c.num_blocks is None or cache_affordable(c.num_blocks, c.problem.block_size)]
     if not cheap:
         return None, (f"{'; '.join(reasons)}; in its block sizes the case's cache of {case.num_blocks} pages is past "
                       f"{PAGE_SLOTS_AFFORDABLE} slots (the GPU scale tier's)")

@@ -125,11 +125,16 @@ def freedoms(caps=None) -> list[tuple[str, str, int]]:
 PAGE_SLOTS_AFFORDABLE = 2**18
 
 
+def cache_affordable(pages: int, block_size: int) -> bool:
+    """Whether a CPU run affords a cache of `pages` pages of `block_size` keys."""
+    return pages * block_size <= PAGE_SLOTS_AFFORDABLE
+
+
 def affordable(symbol: str, value: int, caps) -> bool:
     """Whether a CPU run affords a call with `symbol` at `value` (else: the GPU scale tier's); a
     cache's pages count in the kernel's smallest block size."""
     if symbol == "pages":
-        return value * min(caps.block_sizes or (1,)) <= PAGE_SLOTS_AFFORDABLE
+        return cache_affordable(value, min(caps.block_sizes or (1,)))
     return value <= SIZES[symbol].affordable
 
 
