@@ -316,7 +316,7 @@ _HAZARD_FORMS = {"strided-queries": (("q",), "step:Hq"), "wide-block-table": (("
 # carried (runs of -1, repeats, the last slot, every code among the keys read) is gone.
 _GIVES_UP = {"strided-queries": (("q",), ("zero:Hq",)), "invisible-keys": (("k", "v"), ("zero:S",)),
              "odd-gqa-group": (("k",), ("zero:Hkv",)),  # with v's too: fmha.oracles.hazards._odd_group
-             **{h: (("indices",), ("zero:B", "zero:T")) for h in (
+             **{h: (("indices", "extra_indices"), ("zero:B", "zero:T")) for h in (  # either scope's
                  "invalid-runs", "every-code", "last-slot", "repeated-indices", "rows-without-keys",
                  "scales-at-both-ends")}}
 

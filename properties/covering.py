@@ -18,7 +18,8 @@ from fmha.contract import ranges
 from fmha.oracles.hazards import HAZARDS, UNSAMPLED, hostile, present
 from fmha.oracles.sample import OTHER_ARGUMENTS, Sample
 from fmha.oracles.storage import record
-from fmha.properties.strategies import drawn_freedoms
+from fmha.properties import covering_array
+from fmha.properties.covering_array import block_size_for, rows_for, storage_variants
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Pairs of hazards whose interaction is a bug of its own, each drawn together in one sample.
@@ -45,15 +46,6 @@ def _sink(caps: Capabilities, dtype) -> bool:
     return ("sink" in caps.features and dtype in (torch.bfloat16, None)) or "sink" in caps.requires
 
 
-def _rows(caps: Capabilities, prefer: int) -> int:
-    """Query rows a request: `prefer`, or the most a kernel declares (a decode kernel's one)."""
-    return min(prefer, caps.max_q_len or prefer)
-
-
-def _block_size(caps: Capabilities, prefer: int) -> int:
-    return prefer if caps.block_sizes is None or prefer in caps.block_sizes else min(caps.block_sizes)
-
-
 def _heads(caps: Capabilities, group: int, kv_heads: int) -> tuple[int, int]:
     if caps.heads_q is None:
         return kv_heads * group, kv_heads if "gqa" in caps.features else kv_heads * group
@@ -65,9 +57,9 @@ def _paged(caps, dtype, seed, ragged: bool, distribution: str = "normal") -> Sam
     head_dim = _head_dim(caps, dtype)
     if head_dim is None:
         return None
-    bs = _block_size(caps, 5 if not ragged else 16)
+    bs = block_size_for(caps, 5 if not ragged else 16)
     heads_q, heads_kv = _heads(caps, 3, 2)
-    rows = _rows(caps, 3)
+    rows = rows_for(caps, 3)
     empty = caps.empty_rows and not caps.q_len_at_most_kv_len
     if ragged:
         q_lens = (0, 1, rows, 0, 1, 0, 2) if caps.empty_query_requests else (1, 1, rows, 2, 1, 1, 2)
@@ -88,9 +80,9 @@ def _paged(caps, dtype, seed, ragged: bool, distribution: str = "normal") -> Sam
 
 
 def _quantized_paged(caps, layout, seed) -> Sample | None:
-    bs = _block_size(caps, 16)
+    bs = block_size_for(caps, 16)
     heads_q, _ = _heads(caps, 3, 1)
-    rows = _rows(caps, 2)
+    rows = rows_for(caps, 2)
     empty = caps.empty_rows and not caps.q_len_at_most_kv_len
     problem = Problem(batch=3, q_len=rows, kv_len=2 * bs + 3, heads_q=heads_q, heads_kv=1, head_dim=512,
                       shared_kv=True, causal="causal" in caps.features, window=5 if "window" in caps.features else None,
@@ -112,12 +104,12 @@ def _sparse(caps, dtype, seed, layout=None, extra_layout=None, two_scopes=False,
     if head_dim is None:
         return None
     topk = max(topk, caps.topk_multiple_of) if topk % caps.topk_multiple_of else topk
-    bs = _block_size(caps, 16)
+    bs = block_size_for(caps, 16)
     heads_q, heads_kv = _heads(caps, 3, 2)
     heads_kv = 1 if quantized else heads_kv
-    extra = dict(extra_topk=max(64, caps.topk_multiple_of), extra_block_size=_block_size(caps, 5),
+    extra = dict(extra_topk=max(64, caps.topk_multiple_of), extra_block_size=block_size_for(caps, 5),
                  extra_cache_layout=extra_layout) if two_scopes else {}
-    problem = Problem(batch=3 if two_scopes else 2, q_len=_rows(caps, 3), kv_len=topk, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+    problem = Problem(batch=3 if two_scopes else 2, q_len=rows_for(caps, 3), kv_len=topk, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
                       dtype=torch.bfloat16 if quantized else dtype, shared_kv=True,
                       sink=_sink(caps, dtype) and not few_keys,
                       source="sparse", block_size=bs, cache_layout=layout, **extra)
@@ -188,7 +180,7 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     found = []
     for i, head_dim in enumerate(dims):
         heads_q, group = grouped[i] if i < len(grouped) else (3, 3 if "gqa" in caps.features else 1)
-        q_len = _rows(caps, rows[i] if i < len(rows) else 2)
+        q_len = rows_for(caps, rows[i] if i < len(rows) else 2)
         found.append(Problem(batch=1, q_len=q_len, kv_len=max(keys[i] if i < len(keys) else 17, q_len), heads_q=heads_q,
                              heads_kv=heads_q // group, head_dim=head_dim, dtype=dtype,
                              head_dim_v=dims[-1 - i] if split else head_dim))
@@ -219,7 +211,7 @@ def _in_source(problem: Problem, caps: Capabilities, source: str) -> Problem:
     if source == "dense":
         return problem
     sparse = dict(shared_kv=True, head_dim_v=problem.head_dim) if source == "sparse" else {}
-    return problem.replace(source=source, block_size=_block_size(caps, 16), **sparse)
+    return problem.replace(source=source, block_size=block_size_for(caps, 16), **sparse)
 
 
 def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sample]:
@@ -233,7 +225,7 @@ def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sa
 
     def call(block_size: int, keys: int, group: int = 3, source: str = source, **fields) -> Sample:
         heads_q, heads_kv = _heads(caps, group, 1 if group > 1 else 2)  # a group of 3: a tile's heads split
-        problem = Problem(batch=1, q_len=_rows(caps, 1), kv_len=keys, heads_q=heads_q, heads_kv=heads_kv,
+        problem = Problem(batch=1, q_len=rows_for(caps, 1), kv_len=keys, heads_q=heads_q, heads_kv=heads_kv,
                           head_dim=head_dim, dtype=dtype, source=source, block_size=block_size)
         if source == "sparse":  # a request that reads nothing beside one that reads every index, as _sparse's
             problem = problem.replace(shared_kv=True, batch=2)
@@ -244,7 +236,7 @@ def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sa
     smallest = min(caps.block_sizes or (1,))
     found = [call(bs, bs + 1 if source == "paged" else 8, group=1) for bs in _affordable(caps, "block_size", dtype)]
     if "sparse" in caps.sources:
-        found += [call(_block_size(caps, 16), topk, source="sparse") for topk in _affordable(caps, "topk", dtype)]
+        found += [call(block_size_for(caps, 16), topk, source="sparse") for topk in _affordable(caps, "topk", dtype)]
     # a sparse call's cache holds its two requests' keys and a slot of poison: 5 pages of one key
     natural = 2 if source == "paged" else max(2, -(-(2 * 2 + 1) // smallest))
     found += [call(smallest, 2 if source == "sparse" else smallest, num_blocks=n)
@@ -306,15 +298,17 @@ def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
     return [hostile(s, caps) for s in found if s is not None]
 
 
-def covering_samples(kernel, device: str, seed: int = 0) -> list[Sample]:
+def covering_samples(kernel, device: str, seed: int = 0, pairs: bool = True) -> list[Sample]:
     """The covering samples `kernel` runs on `device`: the skeletons inside its limits, laid out
     so that together they give every tensor argument every storage form its record allows
-    (`with_every_storage`)."""
+    (`with_every_storage`); the sizes' samples; with `pairs`, the covering array's calls, in which
+    every pair of freedoms the kernel's declaration allows meets (fmha.properties.covering_array)."""
     caps = kernel.capabilities_on(device)
     supported = lambda samples: [s for s in samples if not kernel.not_supported_reasons(s.problem, device)]  # noqa: E731
     members = with_every_storage(with_every_relation(supported(skeletons(caps, seed)), kernel, device))
     # the sizes' samples packed: a size of 1 (one KV head, pages of one key) hides a form handed to it
-    return members + supported([hostile(s, caps) for s in _sizes(caps, seed)])
+    members += supported([hostile(s, caps) for s in _sizes(caps, seed)])
+    return members + (covering_array.array(kernel, device, seed) if pairs else [])
 
 
 def with_every_relation(members: list[Sample], kernel, device: str, k_is_v: bool = True) -> list[Sample]:
@@ -339,21 +333,6 @@ def with_every_relation(members: list[Sample], kernel, device: str, k_is_v: bool
             if not kernel.not_supported_reasons(k_is_v.problem, device):
                 members.append(k_is_v)  # one more: each member keeps the v its storage forms were laid out for
     return members
-
-
-def storage_variants(argument) -> list[str]:
-    """Forms of `argument` that together show each of its record's freedoms: each other memory
-    order with a step along every dim and an offset; stride 0 along every dim (it may take);
-    each buffer it may share (with a step)."""
-    free = drawn_freedoms(argument)
-    steps = [f for f in free if f.startswith(("step:", "offset"))]
-    orders = [f for f in free if f.startswith("order:")]
-    zeros = [f for f in free if f.startswith("zero:")]
-    # stride 0 first: the family's first sample (its plainest) has every dim past 1, where it shows
-    variants = ["+".join([*zeros, *(["offset"] if "offset" in free else [])])] if zeros else []
-    variants += ["+".join([order, *steps]) for order in orders] or ["+".join(steps)]
-    variants += [f"{f}+{steps[0]}" if steps else f for f in free if f.startswith("alias:")]
-    return [v for v in variants if v]
 
 
 def with_every_storage(members: list[Sample]) -> list[Sample]:
@@ -408,11 +387,12 @@ def _give(fields: dict, name: str, spec: str) -> None:
         fields["storage"][name] = spec
 
 
-def for_law(law, kernel, device: str, seed: int = 0) -> list[Sample]:
-    """What a law runs before its draws: an agreement law its family's covering samples, a law of
-    calls in sequence the sequence samples of its draws (`Law.covering`)."""
+def for_law(law, kernel, device: str, seed: int = 0, pairs: bool = True) -> list[Sample]:
+    """What a law runs before its draws: an agreement law its family's covering samples (with
+    `pairs`, the covering array's too), a law of calls in sequence the sequence samples of its
+    draws (`Law.covering`)."""
     if law.covering == "family":
-        return [s for s in covering_samples(kernel, device, seed) if fits(law, s)]
+        return [s for s in covering_samples(kernel, device, seed, pairs) if fits(law, s)]
     caps = kernel.capabilities_on(device)
     return with_every_relation([s for s in sequences(caps, seed) if not kernel.not_supported_reasons(s.problem, device)
                                 and (s.problem.source == "dense") == (law.draws == "dense")], kernel, device,

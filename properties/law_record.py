@@ -111,22 +111,24 @@ class Law:
             return paged_samples(caps, device, kinds=self.sources, needs=self.needs)
         return samples(caps, device)
 
-    def setup(self, device: str, kernel: KernelEntry | None = None, merge=None):
-        """(strategy, operands, pinned samples) of this law for `kernel` and `merge`;
-        pytest.skip, with the reason, when the kernel lacks what the law needs."""
+    def setup(self, device: str, kernel: KernelEntry | None = None, merge=None, pairs: bool = True):
+        """(strategy, operands, pinned samples) of this law for `kernel` and `merge` (with `pairs`,
+        the covering array's calls among them); pytest.skip, with the reason, when the kernel lacks
+        what the law needs."""
         if kernel is not None and "kernel" in OPERANDS[self.operands]:
             self.require(kernel, device)
         operands = tuple(kernel if o == "kernel" else merge for o in OPERANDS[self.operands])
         pinned = [s for s in PINNED.get(self.name, [])
                   if kernel is None or not kernel.not_supported_reasons(s.problem, device)]
         if self.covering and kernel is not None:
-            pinned += for_law(self, kernel, device)
+            pinned += for_law(self, kernel, device, pairs=pairs)
         return self.strategy(kernel, device), operands, pinned
 
     def run(self, device: str, kernel: KernelEntry | None = None, merge=None, reproduce: str = "",
-            settings=None, pinned: bool = True) -> None:
-        """The law on its pinned samples (unless `pinned` is False), then on draws (`run_law`)."""
-        strategy, operands, pinned_samples = self.setup(device, kernel, merge)
+            settings=None, pinned: bool = True, pairs: bool = True) -> None:
+        """The law on its pinned samples (unless `pinned` is False; the covering array's calls
+        among them unless `pairs` is False), then on draws (`run_law`)."""
+        strategy, operands, pinned_samples = self.setup(device, kernel, merge, pairs)
         run_law(self.check, strategy, *operands, device=device, reproduce=reproduce, settings=settings,
                 pinned=pinned_samples if pinned else ())
 

@@ -66,6 +66,22 @@ def _index_rows_assumed_packed(args):
     return args
 
 
+def _sink_read_packed_outside_bf16(args):
+    """The sink read packed in fp16 and fp32 calls: a launcher specialised per dtype, one of whose
+    variants passes the sink's pointer without its stride."""
+    return _sink_read_packed(args) if args["q"].dtype != torch.bfloat16 else args
+
+
+def _k_read_packed_when_v_is_k(args):
+    """A dense or paged call's K = V path (one tensor for keys and values in q's dtype; index-sparse
+    calls have their own) reads it as packed from its view's first element: right for a packed
+    tensor, wrong for any other form."""
+    k = args["k"]
+    if args["v"] is k and k.dtype != torch.uint8 and args.get("indices") is None:
+        args["k"] = args["v"] = k.as_strided(k.shape, torch.empty(k.shape, device="meta").stride(), k.storage_offset())
+    return args
+
+
 def _storage(name: str, bug: str, transform) -> Mutant:
     return Mutant(name, "", bug, functools.partial(_entry, name, through(transform)), twin=lambda: REFERENCE_ENTRY)
 
@@ -79,6 +95,11 @@ STORAGE_MUTANTS = (
              "from the wrong places", _sink_read_packed),
     _storage("one-buffer-read-as-k-is-v", "k and v in one buffer (a packed KV projection) taken for K = V: v "
              "read from k", _one_buffer_read_as_k_is_v),
+    # Bugs on a pair of freedoms, each of which alone it gets right (fmha.properties.covering_array)
+    _storage("sink-read-packed-outside-bf16", "the sink read as packed floats in fp16 and fp32 calls: a strided or "
+             "broadcast sink beside queries of those dtypes read from the wrong places", _sink_read_packed_outside_bf16),
+    _storage("k-read-packed-when-v-is-k", "a dense or paged call's K = V tensor read as packed: a head-major, sliced "
+             "or offset k that is also v read from the wrong places", _k_read_packed_when_v_is_k),
     _storage("index-rows-assumed-packed", "indices read with a packed tensor's strides: a strided, reordered "
              "or broadcast index tensor read at the wrong places", _index_rows_assumed_packed),
 )

@@ -41,8 +41,9 @@ def test_each_covering_sample_carries_every_hazard_its_problem_allows(seed):
     for sample in covering.covering_samples(REFERENCE, "cpu"):
         sample = sample.replace(run_seed=run_seed.current() if seed == "this run's" else seed)
         missing = set(applicable(sample.problem, REFERENCE.capabilities)) - set(present(sample.inputs())) - sample.given_up
-        given = [lengths is not None for lengths in (sample.topk_lens, sample.extra_topk_lens)]
-        if sample.problem.extra_topk is not None:
+        scopes = 2 if sample.problem.extra_topk is not None else 1
+        given = [lengths is not None for lengths in (sample.topk_lens, sample.extra_topk_lens)][:scopes]
+        if sample.problem.source == "sparse":
             # a scope passed without its lengths argument is read whole (each scope's topk_len is
             # optional on its own: fmha.contract.relations): every row sees its keys, and with
             # neither argument every request reads both scopes

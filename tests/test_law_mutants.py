@@ -105,7 +105,8 @@ def test_each_covering_sample_at_scale_one_catches_flushed_subnormals():
     subnormals, paged and sparse: no draw needed, whatever the run's seed."""
     law = LAWS["fp8_cache_calls_agree_with_the_oracle"]
     mutant = MUTANTS["fp8-subnormals-flushed"].kernel()
-    at_one = [s for s in for_law(law, mutant, "cpu") if s.outliers and s.cache_exponent == 0]
+    # the covering set's (the covering array's small calls carry outliers too, not this weight)
+    at_one = [s for s in for_law(law, mutant, "cpu", pairs=False) if s.outliers and s.cache_exponent == 0]
     assert {s.problem.source for s in at_one} == {"paged", "sparse"}, [s.id for s in at_one]
     for sample in at_one:
         with pytest.raises(AssertionError, match="lse: error"):
