@@ -8,7 +8,9 @@ strides, offsets and buffers: fmha.oracles.storage.observed), never from what a 
 Each row is reached (with its count), excluded by the kernel's declaration (and which part of it),
 or not drawn (a form whose values the draws cannot keep valid yet: named, never silently absent).
 A pytest session's summary says how many freedoms its calls showed (fmha.ci.hazard_report); a
-freedom the covering set does not reach fails tests/test_arguments.py.
+freedom the covering set does not reach fails tests/test_arguments.py. Each kernel's table ends
+with its covering array (fmha.properties.covering_array): how many calls, and any pair of values
+its declaration allows that meets in none (the run fails; tests/test_covering_array.py too).
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def reached_by(samples, kernel, device: str) -> tuple[Counter, Counter, Counter]
 
 
 def draws(kernel, device: str, count: int, seed: int = 0) -> list:
-    """The covering set and `count` draws of the agreement laws' strategies, as a CI run makes them."""
+    """The covering set, the covering array and `count` draws of the agreement laws' strategies,
+    as a CI run makes them."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
@@ -149,7 +152,7 @@ def draws(kernel, device: str, count: int, seed: int = 0) -> list:
     from fmha.properties.strategies import samples
 
     caps = kernel.capabilities_on(device)
-    found = list(covering_samples(kernel, device, seed))
+    found = list(covering_samples(kernel, device, seed, pairs=True))
     strategies = []
     if "dense" in caps.sources:
         strategies.append(samples(caps, device))
@@ -195,7 +198,21 @@ def main(argv=None) -> int:
         if unreached(rows):
             status = 1
             print(f"{kernel.name}: UNREACHED: " + ", ".join(f"{r.argument} {r.freedom}" for r in unreached(rows)) + "\n")
+        status = max(status, _pairs(kernel, device))
     return status
+
+
+def _pairs(kernel, device: str) -> int:
+    """The covering array's size and the pairs it leaves out (none, unless the builder failed one)."""
+    from fmha.properties import covering_array
+
+    sizes = covering_array.size(kernel, device)
+    missing = [f"{source}: {pair}" for source in sizes for pair in covering_array.uncovered(kernel, device, source)]
+    print(f"{kernel.name}: covering array of {sum(sizes.values())} calls ("
+          + ", ".join(f"{source} {n}" for source, n in sizes.items()) + "): "
+          + (f"{len(missing)} pairs its declaration allows in none: " + "; ".join(missing[:10]) if missing
+             else "every pair of values its declaration allows meets in some call") + "\n")
+    return 1 if missing else 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -298,11 +298,12 @@ def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
     return [hostile(s, caps) for s in found if s is not None]
 
 
-def covering_samples(kernel, device: str, seed: int = 0, pairs: bool = True) -> list[Sample]:
-    """The covering samples `kernel` runs on `device`: the skeletons inside its limits, laid out
-    so that together they give every tensor argument every storage form its record allows
-    (`with_every_storage`); the sizes' samples; with `pairs`, the covering array's calls, in which
-    every pair of freedoms the kernel's declaration allows meets (fmha.properties.covering_array)."""
+def covering_samples(kernel, device: str, seed: int = 0, pairs: bool = False) -> list[Sample]:
+    """The covering set `kernel` runs on `device`: the skeletons inside its limits, laid out so
+    that together they give every tensor argument every storage form its record allows
+    (`with_every_storage`), and the sizes' samples; with `pairs`, the covering array's calls too,
+    in which every pair of freedoms the kernel's declaration allows meets
+    (fmha.properties.covering_array)."""
     caps = kernel.capabilities_on(device)
     supported = lambda samples: [s for s in samples if not kernel.not_supported_reasons(s.problem, device)]  # noqa: E731
     members = with_every_storage(with_every_relation(supported(skeletons(caps, seed)), kernel, device))

@@ -13,7 +13,7 @@ from fmha.ci import coverage
 from fmha.contract import Problem, check_attention_args, plain_scalars
 from fmha.contract.relations import RELATIONS, markdown, scope_layouts, shown
 from fmha.oracles.sample import SCALAR_FORMS, Sample
-from fmha.properties import covering, covering_array
+from fmha.properties import covering
 from fmha.regressions.selection import resolve_kernel
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "contract.md"
@@ -100,7 +100,6 @@ def test_the_audit_names_a_relation_form_the_draws_lost(monkeypatch):
         return [m.replace(scalars=tuple(f for f in m.scalars if f != "numpy")) for m in hand_out(members, kernel, device)]
 
     monkeypatch.setattr(covering, "with_every_relation", without_numpy)
-    monkeypatch.setattr(covering_array, "SCALAR_FORMS", tuple(f for f in covering_array.SCALAR_FORMS if f != "numpy"))
     kernel = resolve_kernel("reference")
     counts = coverage.reached_by(covering.covering_samples(kernel, "cpu"), kernel, "cpu")
     missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), *counts))
