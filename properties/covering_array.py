@@ -120,8 +120,8 @@ def _problem(caps: Capabilities, source: str, row: dict) -> Problem:
     extra = {} if second == NO_SCOPE else dict(
         extra_topk=topk, extra_block_size=block_size_for(caps, 4),
         extra_cache_layout=None if second == UNQUANTIZED else second)
-    return Problem(batch=2 if second == NO_SCOPE else 3, q_len=rows_for(caps, 2), kv_len=topk, source="sparse", block_size=block_size_for(caps, 16),
-                   cache_layout=layout, **fields, **extra)
+    return Problem(batch=2 if second == NO_SCOPE else 3, q_len=rows_for(caps, 2), kv_len=topk, source="sparse",
+                   block_size=block_size_for(caps, 16), cache_layout=layout, **fields, **extra)
 
 
 def _sample(caps: Capabilities, source: str, row: dict, seed: int, draw: random.Random | None = None) -> Sample:
@@ -144,10 +144,10 @@ def _sample(caps: Capabilities, source: str, row: dict, seed: int, draw: random.
         # third nothing
         given = [row.get(f"{name} given") == "yes" and upper is not None
                  for name, upper in (("topk_len", p.kv_len), ("extra_topk_len", p.extra_topk))]
-        first, second = ((0, 0) if caps.empty_rows else (p.kv_len, p.extra_topk))
+        least, least_extra = (0, 0) if caps.empty_rows else (p.kv_len, p.extra_topk)
         if all(given):
-            lengths.update(topk_lens=(p.kv_len, first, first),
-                           extra_topk_lens=(second, draw.randint(1, p.extra_topk), second))
+            lengths.update(topk_lens=(p.kv_len, least, least),
+                           extra_topk_lens=(least_extra, draw.randint(1, p.extra_topk), least_extra))
         elif any(given):
             name, upper = ("topk_lens", p.kv_len) if given[0] else ("extra_topk_lens", p.extra_topk)
             lengths[name] = (upper, 0 if caps.empty_rows else upper, draw.randint(2, upper))[:p.batch]
