@@ -19,7 +19,7 @@ from fmha.oracles.hazards import HAZARDS, UNSAMPLED, hostile, present
 from fmha.oracles.sample import OTHER_ARGUMENTS, Sample
 from fmha.oracles.storage import record
 from fmha.properties import covering_array
-from fmha.properties.covering_array import block_size_for, rows_for, storage_variants
+from fmha.properties.covering_array import block_size_for, head_dim_for, rows_for, storage_variants
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Pairs of hazards whose interaction is a bug of its own, each drawn together in one sample.
@@ -32,13 +32,6 @@ INTERACTING = (
     ("rows-without-keys", "odd-gqa-group"),  # a row tile of heads that sees nothing, split across KV heads
     ("strided-queries", "zero-query-requests"),  # packed rows of a strided q, some requests with none
 )
-
-
-def _head_dim(caps: Capabilities, dtype) -> int | None:
-    dims = caps.head_dims_for(dtype)
-    if dims is None:
-        return 64
-    return min(dims, key=lambda d: abs(d - 64)) if dims else None
 
 
 def _sink(caps: Capabilities, dtype) -> bool:
@@ -54,7 +47,7 @@ def _heads(caps: Capabilities, group: int, kv_heads: int) -> tuple[int, int]:
 
 
 def _paged(caps, dtype, seed, ragged: bool, distribution: str = "normal") -> Sample | None:
-    head_dim = _head_dim(caps, dtype)
+    head_dim = head_dim_for(caps, dtype)
     if head_dim is None:
         return None
     bs = block_size_for(caps, 5 if not ragged else 16)
@@ -100,7 +93,7 @@ def _sparse(caps, dtype, seed, layout=None, extra_layout=None, two_scopes=False,
     if few_keys:
         topk = 4
     quantized = bool(layout or extra_layout)
-    head_dim = 512 if quantized else _head_dim(caps, dtype)
+    head_dim = 512 if quantized else head_dim_for(caps, dtype)
     if head_dim is None:
         return None
     topk = max(topk, caps.topk_multiple_of) if topk % caps.topk_multiple_of else topk
@@ -141,7 +134,7 @@ def _scopes_of_their_own(caps: Capabilities, seed: int) -> list[Sample]:
 def _dense(caps, dtype, seed, distribution="normal", q_len=6, kv_len=65, window=9, group=3) -> Sample | None:
     """Dense keys: a group of 3 over 6 causal rows (18: more than a 16-row tile), 65 keys (one
     past a power of two)."""
-    head_dim = _head_dim(caps, dtype)
+    head_dim = head_dim_for(caps, dtype)
     if head_dim is None:
         return None
     heads_q, heads_kv = _heads(caps, group, 2)

@@ -17,6 +17,7 @@ everything it is built from.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -28,6 +29,7 @@ from pathlib import Path
 from covertable import make
 
 from fmha.contract import DTYPE_NAMES, Capabilities, Problem
+from fmha.contract.arguments import ARGUMENTS
 from fmha.oracles.hazards import hostile
 from fmha.oracles.sample import OTHER_ARGUMENTS, SCALAR_FORMS, Sample
 from fmha.oracles.storage import record
@@ -36,12 +38,21 @@ from fmha.properties.strategies import drawn_freedoms
 STRENGTH = 2
 UNQUANTIZED = "q's dtype"  # a cache's layout factor: no quantized layout
 NO_SCOPE = "none"  # the second scope's layout factor: one scope only
+CACHE_ENV = "FMHA_CACHE_DIR"  # where built arrays are kept (else ~/.cache/fmha): one build a machine
 PACKED = ""  # a storage factor's value in a call without the argument (the covering set has each packed)
 
 
 def rows_for(caps: Capabilities, prefer: int) -> int:
     """Query rows a request: `prefer`, or the most a kernel declares (a decode kernel's one)."""
     return min(prefer, caps.max_q_len or prefer)
+
+
+def head_dim_for(caps: Capabilities, dtype) -> int | None:
+    """The head dim nearest 64 the kernel declares in `dtype` (None: none in it)."""
+    dims = caps.head_dims_for(dtype)
+    if dims is None:
+        return 64
+    return min(dims, key=lambda d: abs(d - 64)) if dims else None
 
 
 def block_size_for(caps: Capabilities, prefer: int) -> int:
@@ -101,8 +112,7 @@ def _problem(caps: Capabilities, source: str, row: dict) -> Problem:
     quantized = layout is not None or second not in (NO_SCOPE, UNQUANTIZED)
     group = int(row["group"])
     heads_kv = 1 if quantized else 2
-    dims = caps.head_dims_for(dtype)
-    head_dim = 512 if quantized else (64 if dims is None else min(dims, key=lambda d: abs(d - 64)))
+    head_dim = 512 if quantized else head_dim_for(caps, dtype)
     heads_q = group * heads_kv if caps.heads_q is None else min(caps.heads_q)
     heads_kv = heads_kv if caps.heads_q is None else (heads_q // group if heads_q % group == 0 else heads_q)
     mask = row.get("mask", "none")
@@ -187,6 +197,20 @@ def _realized(row: dict, sample: Sample) -> bool:
             and (row.get("extra_topk_len given", "no") == "yes") == (sample.extra_topk_lens is not None))
 
 
+_STRUCTURES: dict[tuple, _Structures] = {}
+
+
+def _structures(kernel, device: str, source: str) -> _Structures:
+    """`_Structures` once a process for everything they are made from: the declaration, the
+    features' values and every record's drawn freedoms (a test that takes one out gets others)."""
+    caps = kernel.capabilities_on(device)
+    at = (repr(caps), device, source, repr(_structure(caps, source)),
+          repr([drawn_freedoms(argument) for argument in ARGUMENTS.values()]))
+    if at not in _STRUCTURES:
+        _STRUCTURES[at] = _Structures(kernel, device, source)
+    return _STRUCTURES[at]
+
+
 class _Structures:
     """The structures a kernel's declaration takes (its calls but for their storage), each with
     the forms each argument may take there: the array's factors and constraints."""
@@ -219,6 +243,29 @@ class _Structures:
             if name not in self.keys and any(name not in forms for forms in self.forms.values()):
                 known.insert(0, PACKED)
 
+    @functools.cached_property
+    def rows(self) -> tuple[dict, ...]:
+        """The array: built once for each declaration and records (a mutant's declaration is its
+        twin's), kept on disk too, so that pytest's workers and nested sessions build it once
+        between them."""
+        key = hashlib.sha256(repr((version("covertable"), STRENGTH, self.factors,
+                                   sorted(self.forms.items()))).encode()).hexdigest()[:32]
+        path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "fmha") / "covering-arrays" / f"{key}.json"
+        try:
+            return tuple(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+        made = make(self.factors, strength=STRENGTH, constraints=self.constraints()) if self.forms else []
+        rows = [row for row in made if self.admits(row)]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}")
+            partial.write_text(json.dumps(rows))
+            os.replace(partial, path)  # whole or not at all, whoever writes last
+        except OSError:
+            pass  # a read-only home: built again next time
+        return tuple(rows)
+
     def pairs(self) -> dict[tuple[str, str], set[tuple[str, str]]]:
         """Each pair of factors -> the pairs of their values some declared call has."""
         met: dict[tuple[str, str], set] = {}
@@ -250,34 +297,9 @@ def _listed(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
-CACHE_ENV = "FMHA_CACHE_DIR"  # where built arrays are kept (else ~/.cache/fmha): one build a machine
-_ROWS: dict[str, tuple[dict, ...]] = {}
-
-
 def _rows_of(kernel, device: str, source: str) -> tuple[dict, ...]:
-    """The array's rows for `kernel`'s calls of `source`: built once for each declaration and
-    records (a mutant's declaration is its twin's), kept in the process and on disk, so that
-    pytest's workers and nested sessions build it once between them."""
-    structures = _Structures(kernel, device, source)
-    key = hashlib.sha256(repr((version("covertable"), STRENGTH, structures.factors,
-                               sorted(structures.forms.items()))).encode()).hexdigest()[:32]
-    if key not in _ROWS:
-        path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "fmha") / "covering-arrays" / f"{key}.json"
-        try:
-            rows = json.loads(path.read_text())
-        except (OSError, ValueError):
-            made = make(structures.factors, strength=STRENGTH, constraints=structures.constraints()) \
-                if structures.forms else []
-            rows = [row for row in made if structures.admits(row)]
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                partial = path.with_suffix(f".{os.getpid()}")
-                partial.write_text(json.dumps(rows))
-                os.replace(partial, path)  # whole or not at all, whoever writes last
-            except OSError:
-                pass  # a read-only home: built again next time
-        _ROWS[key] = tuple(rows)
-    return _ROWS[key]
+    """The array's rows for `kernel`'s calls of `source` (`_Structures.rows`)."""
+    return _structures(kernel, device, source).rows
 
 
 def array(kernel, device: str, seed: int = 0) -> list[Sample]:
@@ -293,7 +315,7 @@ def array(kernel, device: str, seed: int = 0) -> list[Sample]:
 
 def factors(kernel, device: str, source: str) -> dict[str, list[str]]:
     """The array's factors for `kernel`'s calls of `source`, each with the values its declaration allows."""
-    return _Structures(kernel, device, source).factors
+    return _structures(kernel, device, source).factors
 
 
 def size(kernel, device: str) -> dict[str, int]:
@@ -305,5 +327,5 @@ def size(kernel, device: str) -> dict[str, int]:
 def uncovered(kernel, device: str, source: str) -> list[str]:
     """Pairs of factor values some call `kernel` declares has that no row of its array has."""
     met = {(a, row[a], b, row[b]) for row in _rows_of(kernel, device, source) for a, b in itertools.permutations(row, 2)}
-    return [f"{a}={x!r} with {b}={y!r}" for (a, b), pairs in _Structures(kernel, device, source).pairs().items()
+    return [f"{a}={x!r} with {b}={y!r}" for (a, b), pairs in _structures(kernel, device, source).pairs().items()
             for x, y in sorted(pairs) if (a, x, b, y) not in met]

@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 
 from fmha.oracles.check import check_sample
-from fmha.oracles.hazards import applicable, present
 from fmha.oracles.reference_kernel import CAPABILITIES, ENTRY
 from fmha.oracles.sample import OTHER_ARGUMENTS
 from fmha.properties import covering_array
@@ -36,19 +35,6 @@ def test_every_pair_a_declaration_allows_meets_in_some_call(name):
     assert len(samples) == sum(covering_array.size(kernel, "cpu").values())
     outside = [s.problem for s in samples if kernel.not_supported_reasons(s.problem, "cpu")]
     assert not outside, f"{name}: {len(outside)} calls its declaration excludes, the first {outside[0]}"
-
-
-def test_each_call_carries_every_hazard_its_problem_allows():
-    """The array's calls are hostile as the covering set's are (at this run's seed): poison where a
-    kernel must not read, shared pages, full and partial last pages, rows and requests without
-    keys or rows where declared, every code of a quantized cache."""
-    kernel = resolve_kernel("reference")
-    for sample in covering_array.array(kernel, "cpu", seed=11):
-        missing = set(applicable(sample.problem, kernel.capabilities)) - set(present(sample.inputs())) - sample.given_up
-        if sample.problem.source == "sparse" and None in (sample.topk_lens, sample.extra_topk_lens)[
-                :2 if sample.problem.extra_topk else 1]:
-            missing -= {"rows-without-keys", "one-scope-empty"}  # a scope without its lengths is read whole
-        assert not missing, f"{sample.id}: applies but not in its bytes: {sorted(missing)}"
 
 
 def test_each_call_is_its_row():

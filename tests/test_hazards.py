@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from fmha.oracles import run_seed
 from fmha.oracles.run_seed import FIXED
 from fmha.oracles.hazards import HAZARDS, applicable, invisible_keys, markdown, present
-from fmha.properties import covering
+from fmha.properties import covering, covering_array
 from fmha.properties.catalog import LAWS
 from fmha.properties.paged_strategies import paged_samples
 from fmha.regressions.mutants import MUTANTS
@@ -40,16 +40,29 @@ def test_each_covering_sample_carries_every_hazard_its_problem_allows(seed):
     row with no repeated index; 244, two fp4 codes written into one byte, one of them lost."""
     for sample in covering.covering_samples(REFERENCE, "cpu"):
         sample = sample.replace(run_seed=run_seed.current() if seed == "this run's" else seed)
-        missing = set(applicable(sample.problem, REFERENCE.capabilities)) - set(present(sample.inputs())) - sample.given_up
-        scopes = 2 if sample.problem.extra_topk is not None else 1
-        given = [lengths is not None for lengths in (sample.topk_lens, sample.extra_topk_lens)][:scopes]
-        if sample.problem.source == "sparse":
-            # a scope passed without its lengths argument is read whole (each scope's topk_len is
-            # optional on its own: fmha.contract.relations): every row sees its keys, and with
-            # neither argument every request reads both scopes
-            missing -= {"rows-without-keys"} if not all(given) else set()
-            missing -= {"one-scope-empty"} if not any(given) else set()
-        assert not missing, f"{sample.id}: applies but not in its bytes: {sorted(missing)}"
+        assert not _missing_hazards(sample), f"{sample.id}: applies but not in its bytes: {_missing_hazards(sample)}"
+
+
+def test_each_covering_array_call_carries_every_hazard_its_problem_allows():
+    """The covering array's calls (properties/covering_array.py) are hostile as the set's are, at
+    this run's seed: poison where a kernel must not read, shared pages, full and partial last
+    pages, rows and requests without keys or rows where declared, every code of a quantized cache."""
+    for sample in covering_array.array(REFERENCE, "cpu", seed=11):
+        assert not _missing_hazards(sample), f"{sample.id}: applies but not in its bytes: {_missing_hazards(sample)}"
+
+
+def _missing_hazards(sample) -> list[str]:
+    """Hazards `sample`'s problem allows that its bytes do not carry."""
+    missing = set(applicable(sample.problem, REFERENCE.capabilities)) - set(present(sample.inputs())) - sample.given_up
+    scopes = 2 if sample.problem.extra_topk is not None else 1
+    given = [lengths is not None for lengths in (sample.topk_lens, sample.extra_topk_lens)][:scopes]
+    if sample.problem.source == "sparse":
+        # a scope passed without its lengths argument is read whole (each scope's topk_len is
+        # optional on its own: fmha.contract.relations): every row sees its keys, and with
+        # neither argument every request reads both scopes
+        missing -= {"rows-without-keys"} if not all(given) else set()
+        missing -= {"one-scope-empty"} if not any(given) else set()
+    return sorted(missing)
 
 
 def test_each_covering_sample_belongs_to_one_agreement_law():
