@@ -131,6 +131,14 @@ def patched_triton_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
     return _patched_entry("_mutant", name, triton_dense, patches)
 
 
+def patched_paged_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
+    """fmha's paged and index-sparse Triton kernel (fmha.kernels.triton_paged) with `patches`
+    applied."""
+    from fmha.kernels import triton_paged
+
+    return _patched_entry("_mutant_paged", name, triton_paged, patches)
+
+
 def patched_gluon_kernel(name: str, *patches: tuple[str, str]) -> KernelEntry:
     """fmha's dense Gluon kernel with `patches` applied (Hopper GPUs only)."""
     from fmha.kernels import gluon_dense

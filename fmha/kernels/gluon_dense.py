@@ -124,15 +124,26 @@ if IMPORT_ERROR is None:
         return pfull, pfree, done
 
     @gluon.jit
-    def _online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i):
-        """A key tile's logits `s` (base 2, -inf where masked) into the running max and sum;
-        P (bf16 hi + lo) and the rescale handed to warpgroup 1 in slot i % 2 once it has
-        finished with it: (p_hi, p_lo, alpha, m_i, l_i)."""
+    def _pow2(exponent):
+        """2^exponent in fp32, exactly, for integer exponents in [-126, 127]."""
+        return ((exponent + 127) << 23).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _online_softmax(s, m_i, l_i, e_i, p_s, a_s, pfull, pfree, i):
+        """A key tile's logits `s` (base 2, -inf where masked) into the running max and sum,
+        the sum and the accumulators held at 2^-e_i of their value (as
+        fmha.kernels.triton_utils.renormalize's, which says why); P (bf16 hi + lo) and the
+        rescale handed to warpgroup 1 in slot i % 2 once it has finished with it:
+        (p_hi, p_lo, alpha, m_i, l_i, e_i)."""
         slot = i % 2
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
         alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
+        # the held sum into [1, 2): k from its exponent bits, never below e_i = 0
+        k = gl.maximum((((l_i * alpha).to(gl.int32, bitcast=True) >> 23) & 255) - 127, -e_i)
+        alpha = alpha * _pow2(-k)
+        e_i = e_i + k
+        p = gl.exp2(s - m_safe[:, None]) * _pow2(-e_i)[:, None]
         l_i = l_i * alpha + gl.sum(p, axis=1)
         p_hi = p.to(gl.bfloat16)
         p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
@@ -142,7 +153,7 @@ if IMPORT_ERROR is None:
         a_s.index(slot).store(alpha)
         fence_async_shared()
         mbarrier.arrive(pfull.index(slot), count=1)
-        return p_hi, p_lo, alpha, m_new, l_i
+        return p_hi, p_lo, alpha, m_new, l_i, e_i
 
     @gluon.jit
     def _pv_half(acc, p_hi, p_lo, v):
@@ -152,7 +163,7 @@ if IMPORT_ERROR is None:
         return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     @gluon.jit
-    def _finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK: gl.constexpr):
+    def _finish_rows(m_i, l_i, e_i, sink, f_s, done, HAS_SINK: gl.constexpr):
         """(the accumulator's rescale, the softmax denominator, the LSE in natural log) of each
         row; warpgroup 1 gets the first two through f_s once `done` fires. With HAS_SINK,
         `sink` (the rows' sinks, base 2) joins the denominator, never a value; the max is
@@ -162,11 +173,12 @@ if IMPORT_ERROR is None:
             m_final = gl.maximum(m_i, sink)
             m_final_safe = gl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
             scale_old = gl.exp2(m_i - m_final_safe)
-            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe)
+            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe) * _pow2(-e_i)
             m_i = m_final
         empty = l_i == 0.0
         denominator = gl.where(empty, 1.0, l_i)
-        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(denominator)) * 0.6931471805599453)  # ln(2)
+        log_sum = gl.log2(denominator) + e_i.to(gl.float32)  # the sum's, not the held sum's
+        lse = gl.where(empty, float("-inf"), (m_i + log_sum) * 0.6931471805599453)  # ln(2)
         f_s.index(0).store(scale_old)
         f_s.index(1).store(denominator)
         mbarrier.arrive(done, count=1)
@@ -183,6 +195,7 @@ if IMPORT_ERROR is None:
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, QK_LAYOUT)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, ROW_QK)
         l_i = gl.zeros([ROWS], gl.float32, ROW_QK)
+        e_i = gl.zeros([ROWS], gl.int32, ROW_QK)
         acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
         for i in range(n_tiles):
             ks = i % K_STAGES
@@ -200,7 +213,7 @@ if IMPORT_ERROR is None:
             if WINDOWED:
                 visible = visible & (cols[None, :] > position[:, None] - WINDOW)
             s = gl.where(visible, s * qk_scale, float("-inf"))
-            p_hi, p_lo, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
+            p_hi, p_lo, alpha, m_i, l_i, e_i = _online_softmax(s, m_i, l_i, e_i, p_s, a_s, pfull, pfree, i)
             acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
             mbarrier.wait(vready.index(vs), (i // V_STAGES) & 1)
             acc = _pv_half(acc, p_hi, p_lo, _tile(v_s, 2 * vs))
@@ -209,7 +222,7 @@ if IMPORT_ERROR is None:
         sink = m_i
         if HAS_SINK:
             sink = gl.load(SINK + kvh * G + rows % G, mask=rows < T * G, other=0.0).to(gl.float32) * 1.4426950408889634
-        scale_old, denominator, lse = _finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK)
+        scale_old, denominator, lse = _finish_rows(m_i, l_i, e_i, sink, f_s, done, HAS_SINK)
         lse_ptrs = LSE + split * stride_ls + b * stride_lb + (kvh * G + rows % G) * stride_lh + rows // G
         gl.store(lse_ptrs, lse, mask=rows < T * G)
         o = acc * gl.convert_layout(scale_old, ROW_PV)[:, None] / gl.convert_layout(denominator, ROW_PV)[:, None]

@@ -280,6 +280,7 @@ if dense.IMPORT_ERROR is None:
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, QK_LAYOUT)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, ROW_QK)
         l_i = gl.zeros([ROWS], gl.float32, ROW_QK)
+        e_i = gl.zeros([ROWS], gl.int32, ROW_QK)
         acc = gl.zeros([ROWS, CHUNK], gl.float32, PV_LAYOUT)
         s = zero_s
         if n_tiles > 0:  # a row may have no key (topk_len 0): then no tile ever comes
@@ -292,7 +293,7 @@ if dense.IMPORT_ERROR is None:
             s_next = _qk(q_s, k_s, following % STAGES, zero_s)
             # 0 for a key, -inf for a slot that is none (its tile row is zeros)
             s = s * qk_scale + bias_s.index(ks).load(gl.SliceLayout(0, QK_LAYOUT))[None, :]
-            p_hi, p_lo, alpha, m_i, l_i = dense._online_softmax(s, m_i, l_i, p_s, a_s, pfull, pfree, i)
+            p_hi, p_lo, alpha, m_i, l_i, e_i = dense._online_softmax(s, m_i, l_i, e_i, p_s, a_s, pfull, pfree, i)
             acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
             v = k_s.index(2 * ks)
             acc = warpgroup_mma(gl.convert_layout(p_hi, dense.P_LAYOUT), v, acc, is_async=True)
@@ -303,7 +304,7 @@ if dense.IMPORT_ERROR is None:
         sink = m_i
         if HAS_SINK:  # once, over both scopes
             sink = gl.load(SINK + kvh * G + rows, mask=rows < G, other=0.0).to(gl.float32) * 1.4426950408889634
-        scale_old, denominator, lse = dense._finish_rows(m_i, l_i, sink, f_s, done, HAS_SINK)
+        scale_old, denominator, lse = dense._finish_rows(m_i, l_i, e_i, sink, f_s, done, HAS_SINK)
         gl.store(LSE + b * stride_lb + (kvh * G + rows) * stride_lh + t * stride_lt, lse, mask=rows < G)
         o = acc * gl.convert_layout(scale_old, ROW_PV)[:, None] / gl.convert_layout(denominator, ROW_PV)[:, None]
         # One query row: fmha.kernels.gluon_dense's row store with T = 1 and the row's offset as its split.

@@ -42,7 +42,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from fmha.contract import Capabilities, implemented_by
 from fmha.kernels import host
 from fmha.kernels.host import key_operand
-from fmha.kernels.triton_utils import mma, pv_mode, round_for_bf16, triton_availability, upcast_under_interpreter
+from fmha.kernels.triton_utils import (mma, pow2, pv_mode, renormalize, round_for_bf16, triton_availability,
+                                       upcast_under_interpreter)
 
 HEAD_DIMS = tuple(range(16, 513, 16))
 
@@ -64,6 +65,7 @@ def _key_loop(
     """
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    e_i = tl.full([BLOCK_M], 0, tl.int32)  # l_i and acc are held at 2^-e_i (triton_utils.renormalize)
     acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
     # A computed zero: with a literal one the compiler would chain the two chunks' dots into
     # one accumulation, whose rounding then depends on the chunk order (the Dv slice).
@@ -89,6 +91,10 @@ def _key_loop(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
+        if PV_MODE != 0:  # fp16 P keeps e_i = 0
+            factor, e_i = renormalize(l_i * alpha, e_i)
+            alpha = alpha * factor
+            p = p * pow2(-e_i)[:, None]
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         m_i = m_new
@@ -106,7 +112,7 @@ def _key_loop(
             acc = tl.dot(p_lo, v, acc)
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, m_i, l_i
+    return acc, m_i, l_i, e_i
 
 
 @triton.jit
@@ -176,7 +182,7 @@ def _attention_fwd(
     qb = qa
     if NUM_D == 2:
         qb = _load_columns(q_base, cb + offs_d, row_ok, D, EVEN_D)
-    acc, m_i, l_i = _key_loop(
+    acc, m_i, l_i, e_i = _key_loop(
         qa, qb, K, V, b, kvh, ca, cb, dv0, lo, hi, position, qk_scale, WINDOW,
         BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, NUM_D, V_FROM_K, CAUSAL, WINDOWED, PV_MODE, UPCAST)
 
@@ -187,13 +193,14 @@ def _attention_fwd(
         m_final = tl.maximum(m_i, sink)
         m_final_safe = tl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
         scale_old = tl.exp2(m_i - m_final_safe)
-        l_i = l_i * scale_old + tl.exp2(sink - m_final_safe)
+        l_i = l_i * scale_old + tl.exp2(sink - m_final_safe) * pow2(-e_i)
         acc = acc * scale_old[:, None]
         m_i = m_final
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)  # ln(2)
+    log_sum = tl.log2(tl.where(empty, 1.0, l_i)) + e_i.to(tl.float32)  # the sum's, not the held sum's
+    lse = tl.where(empty, float("-inf"), (m_i + log_sum) * 0.6931471805599453)  # ln(2)
 
     # In a split launch O and LSE are the fp32 partials (splits, B, T, HQ, DV) and (splits, B, HQ, T).
     o_ptrs = O + pid_split * stride_os + b * stride_ob + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_dv[None, :]

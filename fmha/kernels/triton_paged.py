@@ -39,7 +39,7 @@ from fmha.contract import CACHE_LAYOUTS, Capabilities, implemented_by
 from fmha.kernels.host import LOG2E
 from fmha.kernels.triton_dense import HEAD_DIMS
 from fmha.kernels.triton_merge import merge_into
-from fmha.kernels.triton_utils import (mma, pv_mode, q_unit, round_for_bf16, triton_availability,
+from fmha.kernels.triton_utils import (mma, pow2, pv_mode, q_unit, renormalize, round_for_bf16, triton_availability,
                                        upcast_under_interpreter)
 
 # The window a causal call without one gets: a runtime value past every key distance, so
@@ -51,16 +51,21 @@ LAYOUT_CODES = {None: 0, "dsv4-fp8": 1, "dsv4-fp4": 2}
 
 
 @triton.jit
-def _online_softmax(s, m_i, l_i, acc):
+def _online_softmax(s, m_i, l_i, e_i, acc, RENORMALIZE: tl.constexpr):
     """A key tile's logits `s` (base 2, -inf where masked) into the running max m_i, the sum
-    l_i and the rescaled accumulator: (p, m_i, l_i, acc)."""
+    l_i and the rescaled accumulator, both held at 2^-e_i of their value
+    (triton_utils.renormalize): (p, m_i, l_i, e_i, acc)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
+    if RENORMALIZE:
+        factor, e_i = renormalize(l_i * alpha, e_i)
+        alpha = alpha * factor
+        p = p * pow2(-e_i)[:, None]
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    return p, m_new, l_i, acc
+    return p, m_new, l_i, e_i, acc
 
 
 @triton.jit
@@ -79,31 +84,26 @@ def _accumulate_pv(acc, p, v, PV_MODE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _join_sink(SINK, h, row_ok, m_i, l_i, acc):
+def _join_sink(SINK, h, row_ok, m_i, l_i, e_i, acc):
     """The sink of heads h joins the denominator (never a value), once; the max is taken with
     it first so a large sink cannot overflow exp2."""
     sink = tl.load(SINK + h, mask=row_ok, other=0.0) * 1.4426950408889634  # log2(e)
     m_final = tl.maximum(m_i, sink)
     m_final_safe = tl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
     scale_old = tl.exp2(m_i - m_final_safe)
-    l_i = l_i * scale_old + tl.exp2(sink - m_final_safe)
+    l_i = l_i * scale_old + tl.exp2(sink - m_final_safe) * pow2(-e_i)
     acc = acc * scale_old[:, None]
     return m_final, l_i, acc
 
 
 @triton.jit
-def _normalize(m_i, l_i, acc):
+def _normalize(m_i, l_i, e_i, acc):
     """(o, lse in natural log); a row that saw nothing (and no sink) gets o = 0, lse = -inf."""
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)  # ln(2)
+    log_sum = tl.log2(tl.where(empty, 1.0, l_i)) + e_i.to(tl.float32)  # the sum's, not the held sum's
+    lse = tl.where(empty, float("-inf"), (m_i + log_sum) * 0.6931471805599453)  # ln(2)
     return o, lse
-
-
-@triton.jit
-def _pow2(exponent):
-    """2^exponent in fp32, exactly, for integer exponents in [-126, 127]."""
-    return ((exponent + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -112,7 +112,7 @@ def _decode_e4m3(code):
     exponent = (code >> 3) & 15
     mantissa = code & 7
     magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125,  # m * 2^-9
-                         (8 + mantissa).to(tl.float32) * _pow2(exponent - 10))
+                         (8 + mantissa).to(tl.float32) * pow2(exponent - 10))
     value = tl.where((code & 128) != 0, -magnitude, magnitude)
     return tl.where((code & 127) == 127, float("nan"), value)
 
@@ -122,7 +122,7 @@ def _decode_e2m1(code):
     """fp32 value of FP4 e2m1 codes (int32 0..15)."""
     exponent = (code >> 1) & 3
     mantissa = code & 1
-    magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.5, (2 + mantissa).to(tl.float32) * _pow2(exponent - 2))
+    magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.5, (2 + mantissa).to(tl.float32) * pow2(exponent - 2))
     return tl.where((code & 8) != 0, -magnitude, magnitude)
 
 
@@ -177,7 +177,7 @@ def _load_keys(K, page, offset, kvh, cols, key_ok, stride_kb, stride_ks, stride_
 
 @triton.jit
 def _scope_loop(
-    qs, K, V, m_i, l_i, acc, b, t_idx, kvh, first, last, n_keys, position, qk_scale, WINDOW,
+    qs, K, V, m_i, l_i, e_i, acc, b, t_idx, kvh, first, last, n_keys, position, qk_scale, WINDOW,
     BT, IDX, stride_btb, stride_ib, stride_it,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, D, DV, block_size,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -224,7 +224,7 @@ def _scope_loop(
         if CAUSAL:  # and the window (NO_WINDOW without one)
             visible = visible & (j[None, :] <= position[:, None]) & (j[None, :] > position[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
-        p, m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc)
+        p, m_i, l_i, e_i, acc = _online_softmax(s, m_i, l_i, e_i, acc, PV_MODE != 0)
 
         if V_IS_K:
             v = k
@@ -236,7 +236,7 @@ def _scope_loop(
             elif COMPUTE == 2:
                 v = v.to(tl.float16)
         acc = _accumulate_pv(acc, p, v, PV_MODE, UPCAST)
-    return m_i, l_i, acc
+    return m_i, l_i, e_i, acc
 
 
 # Sizes, strides, lengths, block sizes and top-k are runtime values: a compile per tile
@@ -313,10 +313,11 @@ def _sources_fwd(
     qs = (qs.to(tl.float32) * q_unit).to(qs.dtype)  # triton_utils.q_unit; qk_scale is over it
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    e_i = tl.full([BLOCK_M], 0, tl.int32)
     acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
     if SPARSE or pid_m * BLOCK_M < T_b * G:  # a paged program past its request's rows has nothing to do
-        m_i, l_i, acc = _scope_loop(
-            qs, K, V, m_i, l_i, acc, b, t_idx, kvh, first, first + keys_per_split, n_keys, position, qk_scale, WINDOW,
+        m_i, l_i, e_i, acc = _scope_loop(
+            qs, K, V, m_i, l_i, e_i, acc, b, t_idx, kvh, first, first + keys_per_split, n_keys, position, qk_scale, WINDOW,
             BT, IDX, stride_btb, stride_ib, stride_it,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, D, DV, block_size,
             BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE, CAUSAL, LAYOUT, V_IS_K, EVEN_D, EVEN_DV,
@@ -325,16 +326,16 @@ def _sources_fwd(
             n_keys2 = topk2
             if has_topk_len2:
                 n_keys2 = tl.load(TOPK_LEN2 + b)
-            m_i, l_i, acc = _scope_loop(
-                qs, K2, K2, m_i, l_i, acc, b, t_idx, kvh, 0, n_keys2, n_keys2, position, qk_scale, WINDOW,
+            m_i, l_i, e_i, acc = _scope_loop(
+                qs, K2, K2, m_i, l_i, e_i, acc, b, t_idx, kvh, 0, n_keys2, n_keys2, position, qk_scale, WINDOW,
                 BT, IDX2, stride_btb, stride_i2b, stride_i2t,
                 stride_k2b, stride_k2s, stride_k2h, stride_k2b, stride_k2s, stride_k2h, D, DV, block_size2,
                 BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE, CAUSAL, LAYOUT2, True, EVEN_D, EVEN_DV,
                 COMPUTE, PV_MODE, UPCAST)
 
     if has_sink:  # once, over every scope
-        m_i, l_i, acc = _join_sink(SINK, h, row_ok, m_i, l_i, acc)
-    o, lse = _normalize(m_i, l_i, acc)
+        m_i, l_i, acc = _join_sink(SINK, h, row_ok, m_i, l_i, e_i, acc)
+    o, lse = _normalize(m_i, l_i, e_i, acc)
     if UPCAST and O.dtype.element_ty == tl.bfloat16:
         o = round_for_bf16(o)
     o_ptrs = O + split * stride_os + o_row[:, None] + h[:, None] * stride_oh + cols_dv[None, :]

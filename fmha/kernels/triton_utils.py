@@ -37,6 +37,32 @@ def round_for_bf16(x):
     return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
+@triton.jit
+def pow2(exponent):
+    """2^exponent in fp32, exactly, for integer exponents in [-126, 127]."""
+    return ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+
+
+# The online softmax holds a row's running sum l and accumulator sum(p v) at 2^-e of their value,
+# e = floor(log2(l)) as of the previous key tile (0 before any): the accumulator then stays
+# within (2 + BLOCK_N) |v|max instead of growing to (keys) |v|max. Without it a hundred keys tied
+# at a row's max logit, with values near 3e36 (a quantized cache at scale 2^96 with an outlier
+# channel, whose logit the ties come from), summed past fp32's 3.4e38 and the row came back NaN
+# where its answer was 700. Powers of two: the held values are the old ones scaled exactly, so o
+# keeps its bits; p is multiplied by 2^-e rather than 2^-e taken inside exp2's argument, where a
+# logit of -7e37 absorbs it. A weight p 2^-e flushed to zero is below 2^-126 l: within the
+# oracle's underflow allowance. fp16 P keeps e = 0: 2^-e would push its weights below fp16's
+# normals, and fp16 values cannot overflow the sum.
+@triton.jit
+def renormalize(held, e):
+    """(2^-k, e + k): the power of two that brings `held` (a row's running sum, held at 2^-e of
+    its value, rescaled to the tile's max) into [1, 2), and the exponent the row is then held at,
+    never below 0 (the tile's own weights reach 1). k from held's exponent bits: exact, and a
+    held sum of 0 (nothing yet) or below the normals goes back to e = 0."""
+    k = tl.maximum(((held.to(tl.int32, bitcast=True) >> 23) & 255) - 127, -e)
+    return pow2(-k), e + k
+
+
 # Below the scores' scale, the room q.k's partial sums get: they can exceed the logit itself where
 # terms cancel (keys at scale 2^96, scale 1: a logit of 1.5e38 summed through partial sums of
 # 1.3e39, past fp32's 3.4e38, and the row came back NaN).

@@ -153,6 +153,14 @@ __device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0
   return y;
 }
 
+__device__ __forceinline__ float pow2(int e) {  // 2^e exactly, e in [-126, 127]
+  return __int_as_float((e + 127) << 23);
+}
+
+__device__ __forceinline__ int exponent(float x) {  // floor(log2(x)) of a normal x > 0; -127 for 0 and subnormals
+  return ((__float_as_int(x) >> 23) & 255) - 127;
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -730,6 +738,10 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // l and acc are held at unit = 2^-e of their value, l brought into [1, 2) each tile (bf16 P; f16 P keeps
+  // unit 1): the accumulator stays within a few |v|max, not keys x |v|max (fmha/kernels/triton_utils.py,
+  // renormalize). Both rows' units in one register, as bf16 (powers of two, exact): two spilled.
+  __nv_bfloat162 unit = __float2bfloat162_rn(1.f);
   const uint32_t q = smem_u32(smem + OFF_Q);
   const float* bias_s = reinterpret_cast<const float*>(smem + OFF_BIAS);
   float* alpha_s = reinterpret_cast<float*>(smem + OFF_ALPHA);
@@ -768,8 +780,26 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       alpha[h] = fast_exp2(m[h] - m_use[h]);
       m[h] = m_new;
     }
+    if (!F16) {  // the held sum into [1, 2): k from its exponent bits, never past unit 1
+      const float2 units = __bfloat1622float2(unit);
+      const float down0 = pow2(-max(exponent(l[0] * alpha[0]), exponent(units.x)));
+      const float down1 = pow2(-max(exponent(l[1] * alpha[1]), exponent(units.y)));
+      alpha[0] *= down0, alpha[1] *= down1;
+      unit = __floats2bfloat162_rn(units.x * down0, units.y * down1);
+    }
     // P as f16 (or bf16 hi + lo) into buffer pb, once warpgroup 1 is done with it (tile i - 2).
     bar_wait(smem_u32(smem + OFF_BAR + (BAR_PFREE + pb) * 8), ((i / 2) & 1) ^ 1);
+    // The rescale, to warpgroup 1 and on our half, before P: alpha is not live beside P's registers.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] *= alpha[h];
+      if (quad == 0) alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h];
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      acc[4 * j] *= alpha[0], acc[4 * j + 1] *= alpha[0];
+      acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
+    }
     // Also kept in registers for our own P.V: (j, h) is register 2 j + h of wgmma's A layout.
     uint8_t* p_hi = smem + OFF_P + pb * 2 * P_BYTES;
     uint32_t a_hi[16], a_lo[16];
@@ -777,7 +807,9 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float x0 = fast_exp2(s[4 * j + 2 * h] - m_use[h]), x1 = fast_exp2(s[4 * j + 2 * h + 1] - m_use[h]);
+        const float row_unit = h ? __high2float(unit) : __low2float(unit);
+        const float x0 = fast_exp2(s[4 * j + 2 * h] - m_use[h]) * row_unit,
+                    x1 = fast_exp2(s[4 * j + 2 * h + 1] - m_use[h]) * row_unit;
         sum[h] += x0 + x1;
         if (F16) {
           asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(a_hi[2 * j + h]) : "f"(x1), "f"(x0));
@@ -796,17 +828,9 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       if (!F16) stmatrix_x4(at + P_BYTES, a_lo + 4 * q);
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[h] = l[h] * alpha[h] + quad_sum(sum[h]);
-      if (quad == 0) alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h];
-    }
+    for (int h = 0; h < 2; ++h) l[h] += quad_sum(sum[h]);
     fence_proxy_async();
     named_sync(1, 128);  // all of P written (warpgroup 1's wgmma reads it)
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      acc[4 * j] *= alpha[0], acc[4 * j + 1] *= alpha[0];
-      acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
-    }
     pv_from_registers<F16>(acc, a_hi, smem, pb, stage);
     // Warpgroup 1 is told P is full once our P.V is issued, not before: our wgmmas are queued
     // ahead of its (8% faster on every bench shape, BENCHMARKS.md).
@@ -834,7 +858,7 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       const float m_final = fmaxf(m[h], sink);
       const float m_safe = m_final == -INFINITY ? 0.f : m_final;
       rescale[h] = exp2f(m[h] - m_safe);
-      l[h] = l[h] * rescale[h] + exp2f(sink - m_safe);
+      l[h] = l[h] * rescale[h] + exp2f(sink - m_safe) * (h ? __high2float(unit) : __low2float(unit));
       m[h] = m_final;
     }
     const bool empty = l[h] == 0.f;
@@ -843,7 +867,8 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       final_s[r0 + 8 * h] = rescale[h];
       final_s[ROWS + r0 + 8 * h] = denominator[h];
       if (head < p.heads)
-        p.lse[b * p.l_sb + head * p.l_sh + t * p.l_st] = empty ? -INFINITY : (m[h] + log2f(l[h])) * LN2;
+        p.lse[b * p.l_sb + head * p.l_sh + t * p.l_st] =  // log2 of the sum, not of the held sum
+            empty ? -INFINITY : (m[h] + (log2f(l[h]) - exponent(h ? __high2float(unit) : __low2float(unit)))) * LN2;
     }
   }
   // o's staging reaches into the first key stage. In a 2-CTA cluster our bulk copy of a tile out
