@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import math
+
 import torch
 
 from fmha.oracles.guard import answer
@@ -46,8 +48,13 @@ def softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor | None = None):
         sink_column = sink.double().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         scores = torch.cat([scores, sink_column], dim=-1)
     lse = torch.logsumexp(scores, dim=-1)
-    safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-    weights = torch.exp(scores - safe_lse[..., None])
+    # Normalized by the sum, not by exp(-lse): past |s| ~ 1e17 float64 rounds lse to the max (log of
+    # the sum is below half its ulp), and exp(s - lse) gave each of n tied keys a weight of 1, not 1/n
+    # (n times the answer for keys at scale 2^96, logits near -5e37).
+    top = scores.amax(dim=-1, keepdim=True) if scores.shape[-1] else scores.new_full((*scores.shape[:-1], 1), -math.inf)
+    exps = torch.exp(scores - torch.where(torch.isinf(top), 0.0, top))  # a row with nothing visible: all 0
+    total = exps.sum(dim=-1, keepdim=True)
+    weights = exps / torch.where(total == 0, 1.0, total)
     if sink is not None:
         weights = weights[..., :-1]  # the sink carries no value
     return weights, lse

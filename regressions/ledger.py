@@ -137,35 +137,35 @@ _WARP_SPECIALIZE = ("Triton's warp_specialize lowering, not the kernel's code: t
                     "line) and the worker warps read them (LDS.U8 / LDS) on the other side of a CTA-wide "
                     "bar.sync 1, which orders them; seen in the SASS of both kernels (cuobjdump -sass)")
 RACECHECK_LINES = {  # a record's source line -> the code that must still be on it
-    "gluon_dense.py:142": "a_s.index(slot).store(alpha)",
-    "gluon_dense.py:227": "a_s.index(slot).load(ROW_PV)",
-    "gluon_sparse.py:322": "a_s.index(slot).load(ROW_PV)",
-    "gluon_dense.py:170": "f_s.index(0).store(",
-    "gluon_dense.py:171": "f_s.index(1).store(",
-    "gluon_dense.py:236": "f_s.index(0).load(ROW_PV)",
-    "gluon_sparse.py:330": "f_s.index(0).load(ROW_PV)",
-    "gluon_dense.py:242": "def _attention_fwd(",
-    "gluon_dense.py:306": "gl.warp_specialize(",
-    "gluon_sparse.py:342": "def _sparse_fwd(",
-    "gluon_sparse.py:396": "gl.warp_specialize(",
-    "sparse_decode.cu:428": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
-    "sparse_decode.cu:756": "const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)",
-    "sparse_decode.cu:801": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
-    "sparse_decode.cu:874": "const float a0 = alpha_s[pb * ROWS + r0]",
-    "sparse_decode.cu:843": "final_s[r0 + 8 * h] = rescale[h]",
-    "sparse_decode.cu:844": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
-    "sparse_decode.cu:892": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
+    "gluon_dense.py:153": "a_s.index(slot).store(alpha)",
+    "gluon_dense.py:240": "a_s.index(slot).load(ROW_PV)",
+    "gluon_sparse.py:323": "a_s.index(slot).load(ROW_PV)",
+    "gluon_dense.py:182": "f_s.index(0).store(",
+    "gluon_dense.py:183": "f_s.index(1).store(",
+    "gluon_dense.py:249": "f_s.index(0).load(ROW_PV)",
+    "gluon_sparse.py:331": "f_s.index(0).load(ROW_PV)",
+    "gluon_dense.py:255": "def _attention_fwd(",
+    "gluon_dense.py:319": "gl.warp_specialize(",
+    "gluon_sparse.py:343": "def _sparse_fwd(",
+    "gluon_sparse.py:397": "gl.warp_specialize(",
+    "sparse_decode.cu:436": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
+    "sparse_decode.cu:768": "const float2 bias = reinterpret_cast<const float2*>(bias_s + stage * KEYS)",
+    "sparse_decode.cu:796": "alpha_s[pb * ROWS + r0 + 8 * h] = alpha[h]",
+    "sparse_decode.cu:899": "const float a0 = alpha_s[pb * ROWS + r0]",
+    "sparse_decode.cu:867": "final_s[r0 + 8 * h] = rescale[h]",
+    "sparse_decode.cu:868": "final_s[ROWS + r0 + 8 * h] = denominator[h]",
+    "sparse_decode.cu:917": "f[h] = final_s[r0 + 8 * h] / final_s[ROWS + r0 + 8 * h]",
     "sparse_decode.cu:109": 'asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"',
-    "sparse_decode.cu:548": "bar_wait(free_bar + stage * 8, ((tile / STAGES) & 1) ^ 1);",
+    "sparse_decode.cu:556": "bar_wait(free_bar + stage * 8, ((tile / STAGES) & 1) ^ 1);",
 }
 _RACES = (  # (first access, the other) -> why
-    *((f"{read} <-> gluon_dense.py:142", "the tile's rescale alpha (a_s): " + _HANDOFF)
-      for read in ("gluon_dense.py:227", "gluon_sparse.py:322")),
+    *((f"{read} <-> gluon_dense.py:153", "the tile's rescale alpha (a_s): " + _HANDOFF)
+      for read in ("gluon_dense.py:240", "gluon_sparse.py:323")),
     *((f"{read} <-> gluon_dense.py:{line}", "the final row factors (f_s): " + _HANDOFF)
-      for read in ("gluon_dense.py:236", "gluon_sparse.py:330") for line in (170, 171)),
+      for read in ("gluon_dense.py:249", "gluon_sparse.py:331") for line in (182, 183)),
     *((f"{entry} <-> {other}", _WARP_SPECIALIZE)
-      for entry, other in (("gluon_dense.py:242", "gluon_dense.py:242"), ("gluon_dense.py:242", "gluon_dense.py:306"),
-                           ("gluon_sparse.py:342", "gluon_sparse.py:342"), ("gluon_sparse.py:342", "gluon_sparse.py:396"))),
+      for entry, other in (("gluon_dense.py:255", "gluon_dense.py:255"), ("gluon_dense.py:255", "gluon_dense.py:319"),
+                           ("gluon_sparse.py:343", "gluon_sparse.py:343"), ("gluon_sparse.py:343", "gluon_sparse.py:397"))),
 )
 LEDGER += tuple(
     KnownFailure(kernel, "sanitize:racecheck", reason, "fmha issue 34", devices=("cuda",), case=pair,
@@ -180,19 +180,19 @@ LEDGER += tuple(
 # cases, on three hand-offs between warpgroups and the bf16 pass's barrier set-up, at these source lines (the extension is built
 # with -lineinfo, so compute-sanitizer names them). Either order of a pair.
 _CUDA_HANDOFFS = (
-    ("sparse_decode.cu:428", ("sparse_decode.cu:756",),
+    ("sparse_decode.cu:436", ("sparse_decode.cu:768",),
      "the tile's 0 / -inf key row: warpgroup 0 loads it for tile i, passes barrier.sync 1, 128, and one thread "
      "arrives (release) on the stage's free mbarrier, whose completion the producer waits for (acquire) before it "
      "stores tile i + 2's row into the same stage; its own stores reach warpgroup 0 through barrier.sync 4, 128 and "
      "one thread's arrive on the ready mbarrier"),
-    ("sparse_decode.cu:874", ("sparse_decode.cu:801",),
+    ("sparse_decode.cu:899", ("sparse_decode.cu:796",),
      "the tile's rescale factors: warpgroup 0 stores them, passes barrier.sync 1, 128, one thread arrives on the P "
      "buffer's full mbarrier, which warpgroup 1 waits for before it loads them; warpgroup 1 frees the buffer the "
      "same way (barrier.sync 3, 128, then an arrive) before warpgroup 0 stores into it two tiles later"),
-    ("sparse_decode.cu:892", ("sparse_decode.cu:843", "sparse_decode.cu:844"),
+    ("sparse_decode.cu:917", ("sparse_decode.cu:867", "sparse_decode.cu:868"),
      "the rows' final rescale and denominator: warpgroup 0 stores them, then both consumer warpgroups pass "
      "barrier.sync 2, 256 before warpgroup 1 loads them"),
-    ("sparse_decode.cu:109", ("sparse_decode.cu:548",),
+    ("sparse_decode.cu:109", ("sparse_decode.cu:556",),
      "a lone CTA's barriers set up again for the bf16 pass (a row the f16 pass cannot hold: the large-key-scales "
      "case): thread 0 invalidates and initialises them after a CTA-wide bar.sync 0 that every thread reaches once "
      "its f16 pass is over, and before a second bar.sync 0 that the producer passes before it waits on the stage's "

@@ -30,6 +30,17 @@ def test_constant_scores_give_the_mean_of_the_visible_v_rows():
             assert lse[0, h, i] == math.log(len(keys))
 
 
+def test_keys_tied_at_a_logit_past_float64s_log_resolution_give_their_mean():
+    """At s ~ -5e37 the log of the sum is below half an ulp of the max, so lse rounds to it: the
+    weights must still sum to 1 (the oracle once gave each of n tied keys a weight of 1)."""
+    q = torch.ones(1, 1, 1, 4, dtype=torch.float64)
+    k = torch.full((1, 6, 1, 4), -2.5e37, dtype=torch.float64)  # every logit -5e37 at scale 1
+    v = torch.arange(24, dtype=torch.float64).view(1, 6, 1, 4)
+    o, lse = reference.attention(q, k, v, scale=0.5)
+    torch.testing.assert_close(o[0, 0, 0], v[0, :, 0].mean(dim=0), **F64)
+    assert lse[0, 0, 0] == -5e37
+
+
 def test_one_visible_key_gives_that_row():
     problem = Problem(batch=2, q_len=4, kv_len=6, heads_q=4, heads_kv=2, head_dim=8, dtype=torch.float32, window=1)
     x = Sample(problem=problem, distribution="peaky", seed=1).inputs()

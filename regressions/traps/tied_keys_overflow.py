@@ -15,9 +15,11 @@ TRAP = Trap(
             "tied keys' weight is all but 0 beside the other scope's)",
     root_cause="the unnormalised accumulator sum(exp(s - max) v) overflows fp32 before the division by the sum: "
                "each key tied at the max adds 1 x v (fmha.kernels.triton_utils.renormalize holds it at 2^-e)",
+    # The values pinned (run_seed): the ties come from the keys quantizing to the same codes, which
+    # about one run's values in ten split into groups too small to overflow; these tie all 128.
     cases=(reproducer(SPARSE.replace(batch=1, q_len=1, kv_len=128), "negative_logits", seed=1, cache_exponent=96,
-                      outliers=True, why="128 fp8 keys at scale 2^96 turned away from q, an outlier channel "
-                                         "making their logits tie"),),
+                      outliers=True, run_seed=3, why="128 fp8 keys at scale 2^96 turned away from q, one code "
+                                                     "each, their logits tied"),),
 )
 
 MUTANTS = (
