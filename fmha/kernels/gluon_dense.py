@@ -177,7 +177,8 @@ if IMPORT_ERROR is None:
             m_i = m_final
         empty = l_i == 0.0
         denominator = gl.where(empty, 1.0, l_i)
-        log_sum = gl.log2(denominator) + e_i.to(gl.float32)  # the sum's, not the held sum's
+        # the sum itself (exact: at most the key count), so the lse does not depend on where e_i stands
+        log_sum = gl.log2(denominator * _pow2(e_i))
         lse = gl.where(empty, float("-inf"), (m_i + log_sum) * 0.6931471805599453)  # ln(2)
         f_s.index(0).store(scale_old)
         f_s.index(1).store(denominator)

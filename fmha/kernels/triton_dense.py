@@ -199,7 +199,8 @@ def _attention_fwd(
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    log_sum = tl.log2(tl.where(empty, 1.0, l_i)) + e_i.to(tl.float32)  # the sum's, not the held sum's
+    # the sum itself (exact: at most the key count), so the lse does not depend on where e_i stands
+    log_sum = tl.log2(tl.where(empty, 1.0, l_i) * pow2(e_i))
     lse = tl.where(empty, float("-inf"), (m_i + log_sum) * 0.6931471805599453)  # ln(2)
 
     # In a split launch O and LSE are the fp32 partials (splits, B, T, HQ, DV) and (splits, B, HQ, T).

@@ -101,7 +101,8 @@ def _normalize(m_i, l_i, e_i, acc):
     """(o, lse in natural log); a row that saw nothing (and no sink) gets o = 0, lse = -inf."""
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    log_sum = tl.log2(tl.where(empty, 1.0, l_i)) + e_i.to(tl.float32)  # the sum's, not the held sum's
+    # the sum itself (exact: at most the key count), so the lse does not depend on where e_i stands
+    log_sum = tl.log2(tl.where(empty, 1.0, l_i) * pow2(e_i))
     lse = tl.where(empty, float("-inf"), (m_i + log_sum) * 0.6931471805599453)  # ln(2)
     return o, lse
 

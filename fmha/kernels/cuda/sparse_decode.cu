@@ -867,8 +867,8 @@ __device__ void softmax_warpgroup(const Params& p, uint8_t* smem, int b, int t, 
       final_s[r0 + 8 * h] = rescale[h];
       final_s[ROWS + r0 + 8 * h] = denominator[h];
       if (head < p.heads)
-        p.lse[b * p.l_sb + head * p.l_sh + t * p.l_st] =  // log2 of the sum, not of the held sum
-            empty ? -INFINITY : (m[h] + (log2f(l[h]) - exponent(h ? __high2float(unit) : __low2float(unit)))) * LN2;
+        p.lse[b * p.l_sb + head * p.l_sh + t * p.l_st] =  // of the sum itself (exact), not of the held sum
+            empty ? -INFINITY : (m[h] + log2f(l[h] * pow2(-exponent(h ? __high2float(unit) : __low2float(unit))))) * LN2;
     }
   }
   // o's staging reaches into the first key stage. In a 2-CTA cluster our bulk copy of a tile out
