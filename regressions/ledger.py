@@ -138,14 +138,14 @@ _WARP_SPECIALIZE = ("Triton's warp_specialize lowering, not the kernel's code: t
                     "bar.sync 1, which orders them; seen in the SASS of both kernels (cuobjdump -sass)")
 RACECHECK_LINES = {  # a record's source line -> the code that must still be on it
     "gluon_dense.py:153": "a_s.index(slot).store(alpha)",
-    "gluon_dense.py:240": "a_s.index(slot).load(ROW_PV)",
+    "gluon_dense.py:241": "a_s.index(slot).load(ROW_PV)",
     "gluon_sparse.py:323": "a_s.index(slot).load(ROW_PV)",
-    "gluon_dense.py:182": "f_s.index(0).store(",
-    "gluon_dense.py:183": "f_s.index(1).store(",
-    "gluon_dense.py:249": "f_s.index(0).load(ROW_PV)",
+    "gluon_dense.py:183": "f_s.index(0).store(",
+    "gluon_dense.py:184": "f_s.index(1).store(",
+    "gluon_dense.py:250": "f_s.index(0).load(ROW_PV)",
     "gluon_sparse.py:331": "f_s.index(0).load(ROW_PV)",
-    "gluon_dense.py:255": "def _attention_fwd(",
-    "gluon_dense.py:319": "gl.warp_specialize(",
+    "gluon_dense.py:256": "def _attention_fwd(",
+    "gluon_dense.py:320": "gl.warp_specialize(",
     "gluon_sparse.py:343": "def _sparse_fwd(",
     "gluon_sparse.py:397": "gl.warp_specialize(",
     "sparse_decode.cu:436": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
@@ -160,11 +160,11 @@ RACECHECK_LINES = {  # a record's source line -> the code that must still be on 
 }
 _RACES = (  # (first access, the other) -> why
     *((f"{read} <-> gluon_dense.py:153", "the tile's rescale alpha (a_s): " + _HANDOFF)
-      for read in ("gluon_dense.py:240", "gluon_sparse.py:323")),
+      for read in ("gluon_dense.py:241", "gluon_sparse.py:323")),
     *((f"{read} <-> gluon_dense.py:{line}", "the final row factors (f_s): " + _HANDOFF)
-      for read in ("gluon_dense.py:249", "gluon_sparse.py:331") for line in (182, 183)),
+      for read in ("gluon_dense.py:250", "gluon_sparse.py:331") for line in (183, 184)),
     *((f"{entry} <-> {other}", _WARP_SPECIALIZE)
-      for entry, other in (("gluon_dense.py:255", "gluon_dense.py:255"), ("gluon_dense.py:255", "gluon_dense.py:319"),
+      for entry, other in (("gluon_dense.py:256", "gluon_dense.py:256"), ("gluon_dense.py:256", "gluon_dense.py:320"),
                            ("gluon_sparse.py:343", "gluon_sparse.py:343"), ("gluon_sparse.py:343", "gluon_sparse.py:397"))),
 )
 LEDGER += tuple(
