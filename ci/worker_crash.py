@@ -5,11 +5,15 @@ the last lines the worker wrote to stderr, in the terminal summary and the JUnit
 says only "worker 'gw3' crashed while running ...": on a GPU runner twelve workers once went down
 so, and nothing said why.
 
-Each worker writes two files into a directory the controller makes for the session:
+Each worker writes its files into a directory the controller makes for the session:
 - `<worker>.fatal`: faulthandler's traceback of every thread on a fatal signal;
 - `<worker>.stderr`: what the worker writes to file descriptor 2 while pytest captures it (a test's
-  output, C++ and CUDA messages, pytest-timeout's report): pytest's capture file for stderr, which
-  it empties after each test and which would die with the process, is made this named file.
+  output, C++ and CUDA messages): pytest's capture file for stderr, which it empties after each
+  test and which would die with the process, is made this named file;
+- `<worker>.hung` and `<worker>.hung-stderr`: half a second before pytest-timeout's thread method
+  ends a hung test with os._exit(1), the test's stack and its stderr so far. pytest-timeout reads
+  (and so empties) the captured stderr and writes the stacks to the worker's terminal, which xdist
+  does not forward: a GPU run's hung law once said only "exit status 1".
 """
 
 from __future__ import annotations
@@ -18,13 +22,19 @@ import faulthandler
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import threading
+import traceback
 
 import pytest
 
 DIRECTORY_INPUT = "fmha_worker_files"  # the directory, as each worker gets it
 DIRECTORY = pytest.StashKey[str]()
 FATAL = pytest.StashKey[object]()  # the worker's open faulthandler file
+FILES = pytest.StashKey[str]()  # a worker's: its files' path, less the suffix
+HANG_TIMER = pytest.StashKey[threading.Timer]()
+HANG_NOTICE_S = 0.5  # how long before pytest-timeout ends a test its stack is written
 HEAD_LINES = 12  # of faulthandler's report: the signal, then the crashing thread's innermost frames
 TAIL_LINES = 30  # of stderr
 
@@ -40,10 +50,49 @@ def pytest_configure(config):
     if directory is None:
         return
     worker = workerinput["workerid"]
-    config.stash[FATAL] = open(os.path.join(directory, f"{worker}.fatal"), "w")
+    config.stash[FILES] = os.path.join(directory, worker)
+    config.stash[FATAL] = open(f"{config.stash[FILES]}.fatal", "w")
     config.add_cleanup(config.stash[FATAL].close)
     faulthandler.enable(file=config.stash[FATAL], all_threads=True)
-    _keep_captured_stderr(config, os.path.join(directory, f"{worker}.stderr"))
+    _keep_captured_stderr(config, f"{config.stash[FILES]}.stderr")
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item, settings):
+    """Beside pytest-timeout's own timer (this returns None, so it still sets it): with its thread
+    method, what the test was doing just before the end, in the worker's files."""
+    files = item.config.stash.get(FILES, None)
+    if files is None or settings.method != "thread" or not settings.timeout:
+        return None
+    timer = threading.Timer(max(settings.timeout - HANG_NOTICE_S, 0.0), _write_hang,
+                            (files, item.nodeid, settings.timeout, threading.get_ident()))
+    timer.daemon = True
+    timer.start()
+    item.stash[HANG_TIMER] = timer
+    return None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_cancel_timer(item):
+    timer = item.stash.get(HANG_TIMER, None)
+    if timer is not None:
+        timer.cancel()
+        files = item.config.stash[FILES]
+        for stale in (f"{files}.hung", f"{files}.hung-stderr"):  # the test ended in time after all
+            if os.path.exists(stale):
+                os.remove(stale)
+    return None
+
+
+def _write_hang(files: str, nodeid: str, timeout: float, thread: int) -> None:
+    """The test's stack, innermost first (faulthandler's order), and a copy of its stderr so far."""
+    frame = sys._current_frames().get(thread)
+    stack = reversed(traceback.extract_stack(frame)) if frame is not None else ()
+    with open(f"{files}.hung", "w") as f:
+        f.write(f"Timeout: pytest-timeout ends {nodeid} at {timeout:g} s; it was here (most recent call first):\n")
+        f.writelines(f'  File "{s.filename}", line {s.lineno} in {s.name}\n' for s in stack)
+    if os.path.exists(f"{files}.stderr"):  # not with -s or --capture=sys: the terminal has it
+        shutil.copyfile(f"{files}.stderr", f"{files}.hung-stderr")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -108,8 +157,10 @@ def why_it_died(node, directory: str) -> str:
     else:
         said = f"exit status {status}"
     parts = [said]
-    fatal = _lines(os.path.join(directory, f"{worker}.fatal"))[:HEAD_LINES]  # the error, then the innermost frames
-    stderr = _lines(os.path.join(directory, f"{worker}.stderr"))[-TAIL_LINES:]
+    files = os.path.join(directory, worker)
+    # the error, then the innermost frames; a hang's stack where pytest-timeout ended it (its exit is no signal)
+    fatal = (_lines(f"{files}.fatal") or _lines(f"{files}.hung"))[:HEAD_LINES]
+    stderr = (_lines(f"{files}.stderr") or _lines(f"{files}.hung-stderr"))[-TAIL_LINES:]
     if fatal:
         parts.append("its fatal error:\n" + "\n".join(fatal))
     if stderr:

@@ -90,6 +90,39 @@ CRASHING_SESSION = textwrap.dedent('''
 ''')
 
 
+HANGING_SESSION = textwrap.dedent('''
+    import sys
+    import time
+
+    def wait_for_ever():
+        while True:
+            time.sleep(0.05)
+
+    def test_hangs():
+        print("the last words before the hang", file=sys.stderr, flush=True)
+        wait_for_ever()
+
+    def test_lives():
+        pass
+''')
+
+
+@pytest.mark.cpu_tier
+def test_a_hung_test_that_pytest_timeout_ends_leaves_where_it_hung_and_its_stderr(pytester):
+    """pytest-timeout's thread method ends the worker with exit status 1 after emptying the captured
+    stderr, and writes the stacks where xdist does not look: the report still says where the test
+    hung and what it wrote."""
+    pytester.makepyfile(test_session=HANGING_SESSION)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--timeout", "3",
+                                           "--timeout-method", "thread")
+    output = result.stdout.str()
+    assert result.parseoutcomes().get("passed") == 1 and _failed_tests(output) == {"test_session.py::test_hangs"}, output
+    for said in ("crashed while running 'test_session.py::test_hangs'", "exit status 1",
+                 "pytest-timeout ends test_session.py::test_hangs at 3 s", "in wait_for_ever",
+                 "the last words before the hang"):
+        assert said in output, f"the terminal does not say {said!r}:\n{output[-3000:]}"
+
+
 @pytest.mark.cpu_tier  # a worker's death is reported alike whatever the device
 def test_a_worker_that_dies_leaves_its_signal_test_and_stderr_in_the_summary_and_the_junit_xml(pytester):
     pytester.makepyfile(test_session=CRASHING_SESSION)
