@@ -379,8 +379,7 @@ def _every_code(pages: torch.Tensor, spec, block_size: int, read: torch.Tensor, 
     codes = torch.tensor(numeric_codes(spec.name), dtype=torch.long)
     # a shared page's slots are read by each request: a position drawn twice would keep one code
     # (each slot once, in the keys' order: the same codes land on the same keys in any block size)
-    once: set[int] = set()
-    read = read[[i for i, slot in enumerate(read.tolist()) if not (slot in once or once.add(slot))]]
+    read = read.new_tensor(list(dict.fromkeys(read.tolist())))
     # Positions in distinct bytes: two 4-bit codes written into one byte at once would keep one.
     per_token = spec.quantized_dims * spec.element.bits // 8
     if not read.numel() or read.numel() * per_token < len(codes):

@@ -201,11 +201,10 @@ _STRUCTURES: dict[tuple, _Structures] = {}
 
 
 def _structures(kernel, device: str, source: str) -> _Structures:
-    """`_Structures` once a process for everything they are made from: the declaration, the
-    features' values and every record's drawn freedoms (a test that takes one out gets others)."""
+    """`_Structures` once a process for everything they are made from: the declaration and every
+    record's drawn freedoms (a test that takes one out gets others)."""
     caps = kernel.capabilities_on(device)
-    at = (repr(caps), device, source, repr(_structure(caps, source)),
-          repr([drawn_freedoms(argument) for argument in ARGUMENTS.values()]))
+    at = (repr(caps), device, source, repr([drawn_freedoms(argument) for argument in ARGUMENTS.values()]))
     if at not in _STRUCTURES:
         _STRUCTURES[at] = _Structures(kernel, device, source)
     return _STRUCTURES[at]
@@ -319,7 +318,7 @@ def factors(kernel, device: str, source: str) -> dict[str, list[str]]:
 
 
 def size(kernel, device: str) -> dict[str, int]:
-    """Rows a source, before they are built: what the array costs a run."""
+    """Rows a source: the calls the array adds to a run."""
     return {source: len(_rows_of(kernel, device, source)) for source in ("dense", "paged", "sparse")
             if source in kernel.capabilities_on(device).sources}
 

@@ -10,7 +10,7 @@ from fmha.contract import Problem
 # 128 fp8 keys at scale 2^96 with one code each, their logits tied: the unnormalised sum of p v
 # passed fp32's range and the row came back NaN (gluon-sparse, cuda-sparse and the Triton paged
 # kernel; found on an H100 by the index-reordering law; the trap tied-keys-overflow's case).
-_TIED_KEYS = Sample(problem=Problem(batch=1, q_len=1, kv_len=128, heads_q=8, heads_kv=1, head_dim=512, shared_kv=True,
+TIED_KEYS = Sample(problem=Problem(batch=1, q_len=1, kv_len=128, heads_q=8, heads_kv=1, head_dim=512, shared_kv=True,
                                     sink=True, source='sparse', block_size=5, cache_layout='dsv4-fp8'),
                     distribution='negative_logits', seed=1, cache_exponent=96, outliers=True, run_seed=3)
 
@@ -103,7 +103,7 @@ PINNED = {
         Sample(problem=Problem(batch=1, q_len=1, kv_len=1, heads_q=1, heads_kv=1, head_dim=512, shared_kv=True,
                                source='sparse', block_size=1, cache_layout='dsv4-fp8'),
                distribution='negative_logits', cache_exponent=96, outliers=True, run_seed=1),
-        _TIED_KEYS,
+        TIED_KEYS,
     ],
     # The same over two scopes, half the indices -1 (H200 random draw); and at scale 1 a logit of
     # 1.5e38 whose q.k partial sums pass fp32's range (1.3e39) where terms cancel: NaN rows
@@ -120,7 +120,7 @@ PINNED = {
                distribution='negative_logits', invalid=0.5, repeats=0.25, cache_exponent=96, outliers=True,
                run_seed=130656416556592),
     ],
-    "index_order_changes_nothing": [_TIED_KEYS],
+    "index_order_changes_nothing": [TIED_KEYS],
     # The same cancellation, keys permuted (H200 and CPU alike).
     "key_permutation_invariant": [
         Sample(problem=Problem(batch=160, q_len=15, kv_len=1, heads_q=1, heads_kv=1, head_dim=32, sink=True,

@@ -37,6 +37,7 @@ import triton.language as tl
 from fmha.contract import Capabilities, implemented_by
 from fmha.kernels import host
 from fmha.kernels.host import key_operand
+from fmha.kernels.triton_utils import pow2, renormalize
 
 try:
     from triton.experimental import gluon
@@ -124,11 +125,6 @@ if IMPORT_ERROR is None:
         return pfull, pfree, done
 
     @gluon.jit
-    def _pow2(exponent):
-        """2^exponent in fp32, exactly, for integer exponents in [-126, 127]."""
-        return ((exponent + 127) << 23).to(gl.float32, bitcast=True)
-
-    @gluon.jit
     def _online_softmax(s, m_i, l_i, e_i, p_s, a_s, pfull, pfree, i):
         """A key tile's logits `s` (base 2, -inf where masked) into the running max and sum,
         the sum and the accumulators held at 2^-e_i of their value (as
@@ -139,11 +135,9 @@ if IMPORT_ERROR is None:
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
         alpha = gl.exp2(m_i - m_safe)
-        # the held sum into [1, 2): k from its exponent bits, never below e_i = 0
-        k = gl.maximum((((l_i * alpha).to(gl.int32, bitcast=True) >> 23) & 255) - 127, -e_i)
-        alpha = alpha * _pow2(-k)
-        e_i = e_i + k
-        p = gl.exp2(s - m_safe[:, None]) * _pow2(-e_i)[:, None]
+        factor, e_i = renormalize(l_i * alpha, e_i)
+        alpha = alpha * factor
+        p = gl.exp2(s - m_safe[:, None]) * pow2(-e_i)[:, None]
         l_i = l_i * alpha + gl.sum(p, axis=1)
         p_hi = p.to(gl.bfloat16)
         p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
@@ -173,12 +167,12 @@ if IMPORT_ERROR is None:
             m_final = gl.maximum(m_i, sink)
             m_final_safe = gl.where(m_final == float("-inf"), 0.0, m_final)  # nothing visible, sink -inf
             scale_old = gl.exp2(m_i - m_final_safe)
-            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe) * _pow2(-e_i)
+            l_i = l_i * scale_old + gl.exp2(sink - m_final_safe) * pow2(-e_i)
             m_i = m_final
         empty = l_i == 0.0
         denominator = gl.where(empty, 1.0, l_i)
         # the sum itself (exact: at most the key count), so the lse does not depend on where e_i stands
-        log_sum = gl.log2(denominator * _pow2(e_i))
+        log_sum = gl.log2(denominator * pow2(e_i))
         lse = gl.where(empty, float("-inf"), (m_i + log_sum) * 0.6931471805599453)  # ln(2)
         f_s.index(0).store(scale_old)
         f_s.index(1).store(denominator)

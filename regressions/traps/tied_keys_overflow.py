@@ -3,9 +3,11 @@ tied at a row's max each add a weight of 1, so a hundred of them with values nea
 quantized cache at tile scale 2^96 with an outlier channel, which also makes their logits tie)
 sum past fp32's 3.4e38, and the row comes back NaN though its answer is finite."""
 
+import dataclasses
+
+from fmha.properties.pinned import TIED_KEYS
 from fmha.regressions.mutation import Mutant, patched_paged_kernel
-from fmha.regressions.paged_cases import SPARSE
-from fmha.regressions.trap import Trap, reproducer
+from fmha.regressions.trap import Trap
 
 TRAP = Trap(
     id="tied-keys-overflow", seed_logs=(),
@@ -15,11 +17,10 @@ TRAP = Trap(
             "tied keys' weight is all but 0 beside the other scope's)",
     root_cause="the unnormalised accumulator sum(exp(s - max) v) overflows fp32 before the division by the sum: "
                "each key tied at the max adds 1 x v (fmha.kernels.triton_utils.renormalize holds it at 2^-e)",
-    # The values pinned (run_seed): the ties come from the keys quantizing to the same codes, which
-    # about one run's values in ten split into groups too small to overflow; these tie all 128.
-    cases=(reproducer(SPARSE.replace(batch=1, q_len=1, kv_len=128), "negative_logits", seed=1, cache_exponent=96,
-                      outliers=True, run_seed=3, why="128 fp8 keys at scale 2^96 turned away from q, one code "
-                                                     "each, their logits tied"),),
+    # The laws' pinned sample, values and all (run_seed): the ties come from the keys quantizing to
+    # the same codes, which about one run's values in ten split into groups too small to overflow.
+    cases=(dataclasses.replace(TIED_KEYS, name="128 fp8 keys at scale 2^96 turned away from q, one code each, "
+                                               "their logits tied"),),
 )
 
 MUTANTS = (
