@@ -137,15 +137,15 @@ _WARP_SPECIALIZE = ("Triton's warp_specialize lowering, not the kernel's code: t
                     "line) and the worker warps read them (LDS.U8 / LDS) on the other side of a CTA-wide "
                     "bar.sync 1, which orders them; seen in the SASS of both kernels (cuobjdump -sass)")
 RACECHECK_LINES = {  # a record's source line -> the code that must still be on it
-    "gluon_dense.py:153": "a_s.index(slot).store(alpha)",
-    "gluon_dense.py:241": "a_s.index(slot).load(ROW_PV)",
+    "gluon_dense.py:147": "a_s.index(slot).store(alpha)",
+    "gluon_dense.py:235": "a_s.index(slot).load(ROW_PV)",
     "gluon_sparse.py:323": "a_s.index(slot).load(ROW_PV)",
-    "gluon_dense.py:183": "f_s.index(0).store(",
-    "gluon_dense.py:184": "f_s.index(1).store(",
-    "gluon_dense.py:250": "f_s.index(0).load(ROW_PV)",
+    "gluon_dense.py:177": "f_s.index(0).store(",
+    "gluon_dense.py:178": "f_s.index(1).store(",
+    "gluon_dense.py:244": "f_s.index(0).load(ROW_PV)",
     "gluon_sparse.py:331": "f_s.index(0).load(ROW_PV)",
-    "gluon_dense.py:256": "def _attention_fwd(",
-    "gluon_dense.py:320": "gl.warp_specialize(",
+    "gluon_dense.py:250": "def _attention_fwd(",
+    "gluon_dense.py:314": "gl.warp_specialize(",
     "gluon_sparse.py:343": "def _sparse_fwd(",
     "gluon_sparse.py:397": "gl.warp_specialize(",
     "sparse_decode.cu:436": "reinterpret_cast<float*>(smem + OFF_BIAS)[stage * KEYS + key] =",
@@ -159,12 +159,12 @@ RACECHECK_LINES = {  # a record's source line -> the code that must still be on 
     "sparse_decode.cu:556": "bar_wait(free_bar + stage * 8, ((tile / STAGES) & 1) ^ 1);",
 }
 _RACES = (  # (first access, the other) -> why
-    *((f"{read} <-> gluon_dense.py:153", "the tile's rescale alpha (a_s): " + _HANDOFF)
-      for read in ("gluon_dense.py:241", "gluon_sparse.py:323")),
+    *((f"{read} <-> gluon_dense.py:147", "the tile's rescale alpha (a_s): " + _HANDOFF)
+      for read in ("gluon_dense.py:235", "gluon_sparse.py:323")),
     *((f"{read} <-> gluon_dense.py:{line}", "the final row factors (f_s): " + _HANDOFF)
-      for read in ("gluon_dense.py:250", "gluon_sparse.py:331") for line in (183, 184)),
+      for read in ("gluon_dense.py:244", "gluon_sparse.py:331") for line in (177, 178)),
     *((f"{entry} <-> {other}", _WARP_SPECIALIZE)
-      for entry, other in (("gluon_dense.py:256", "gluon_dense.py:256"), ("gluon_dense.py:256", "gluon_dense.py:320"),
+      for entry, other in (("gluon_dense.py:250", "gluon_dense.py:250"), ("gluon_dense.py:250", "gluon_dense.py:314"),
                            ("gluon_sparse.py:343", "gluon_sparse.py:343"), ("gluon_sparse.py:343", "gluon_sparse.py:397"))),
 )
 LEDGER += tuple(
