@@ -7,9 +7,15 @@ import torch
 import triton
 import triton.language as tl
 
+from fmha.kernels import interpreter
+
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+if interpreting():
+    interpreter.install()
 
 
 def upcast_under_interpreter(dtype: torch.dtype) -> bool:
