@@ -65,10 +65,9 @@ def excluded(argument: Argument, freedom: str, caps) -> str:
     for dim, one in fixed.items():
         if one and dim in argument.strided_dims and (freedom.startswith("order:") or freedom.endswith(f":{dim}")):
             return f"{'max_q_len' if dim == 'T' else 'heads_q'}: {dim} is always 1 (its stride means nothing)"
-    if freedom.startswith("overlap:"):
-        return "not drawn yet: elements that share memory take each other's values and the poison's"
     if freedom in NOT_DRAWN.get(argument.name, ()):
-        return "not drawn: stride 0 here would make the drawn values invalid (fmha.properties.strategies.NOT_DRAWN)"
+        return ("not drawn: stride 0 or elements sharing memory here would make the drawn values invalid "
+                "(fmha.properties.strategies.NOT_DRAWN)")
     return ""
 
 

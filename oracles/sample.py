@@ -166,12 +166,17 @@ class Sample:
                          if (h in self.hazards or HAZARDS[h].kind != "layout")  # a draw hazard is no sample's choice
                          and any(set(taken) & forms.get(name, set()) for name in names))
 
-    def writable(self) -> Sample:
-        """This sample with no argument at stride 0 (a broadcast view cannot be written in place)."""
+    def without_forms(self, *kinds: str) -> Sample:
+        """This sample with no storage form that starts with one of `kinds` ("zero:", "overlap:")."""
         def plain(spec: str) -> str:
-            return "+".join(f for f in spec.split("+") if not f.startswith("zero:") and f != "expanded") or "contiguous"
+            return "+".join(f for f in spec.split("+") if not f.startswith(kinds)) or "contiguous"
         return self.replace(q_storage=plain(self.q_storage), k_storage=plain(self.k_storage),
                             v_storage=plain(self.v_storage), storage=tuple((n, plain(f)) for n, f in self.storage))
+
+    def writable(self) -> Sample:
+        """This sample with no argument at stride 0 or with elements sharing memory (neither view
+        can be written in place)."""
+        return self.without_forms("zero:", "expanded", "overlap:")
 
     @property
     def id(self) -> str:
@@ -230,6 +235,12 @@ class Sample:
     def __repr__(self) -> str:
         return f"Sample({repr_fields(self, name='')})"
 
+    def hazard_forms(self, name: str) -> set[str]:
+        """The storage forms this sample's hazards give argument `name` (kept when it is laid out
+        in a form of its own: a step along a dim beside the form's)."""
+        return {form for hazard, (names, forms) in _HAZARD_FORMS.items()
+                if name in names and hazard in self.hazards and hazard not in self.given_up for form in forms.split("+")}
+
     def request_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """A paged sample's (query rows, keys) of each request."""
         p = self.problem
@@ -263,11 +274,9 @@ class Sample:
         p = self.problem
         call = {"q": x.q, "k": x.k, "v": x.v, "sink": x.sink, **x.source_args}
         forms = {name: "+".join(storage.forms(spec, storage.record(name, p))) for name, spec in self.storages.items()}
-        for hazard, (names, form) in _HAZARD_FORMS.items():  # a hazard's view kept when the argument is laid out again
-            for name in names:
-                if hazard in self.hazards and hazard not in self.given_up and forms.get(name) and (
-                        call.get(name) is not None and storage.record(name, p).name != "quantized cache"):
-                    forms[name] = "+".join(sorted({*forms[name].split("+"), *form.split("+")}))
+        for name in forms:  # a hazard's view kept when the argument is laid out again
+            if forms[name] and call.get(name) is not None and storage.record(name, p).name != "quantized cache":
+                forms[name] = "+".join(sorted({*forms[name].split("+"), *self.hazard_forms(name)}))
         if not any(call.get(name) is not None for name in forms if name != "out"):
             return x
         laid = dict(call)
@@ -281,9 +290,10 @@ class Sample:
         laid["v"] = laid["k"] if x.v is x.k else laid["v"]
         _share_buffers(laid, forms, p, fill)
         source_args = {name: laid[name] for name in x.source_args}
-        # The oracle's sources hold the same values unless stride 0 changed some it reads (q and
-        # the sink it takes from the call): only then read again (a quantized cache decoded again).
-        changed = any("zero:" in spec for name, spec in forms.items() if name not in ("q", "sink", "out"))
+        # The oracle's sources hold the same values unless stride 0 or elements sharing memory
+        # changed some it reads (q and the sink it takes from the call): only then read again.
+        changed = any(kind in spec for name, spec in forms.items() if name not in ("q", "sink", "out")
+                      for kind in ("zero:", "overlap:"))
         sources = oracle.from_call(laid["k"], laid["v"], **source_args) if changed and p.source != "dense" \
             else x.oracle_sources
         return Inputs(self, laid["q"], laid["k"], laid["v"], laid["sink"], source_args, sources)
@@ -310,11 +320,15 @@ _HAZARD_FORMS = {"strided-queries": (("q",), "step:Hq"), "wide-block-table": (("
                  "padded-pages": (("k", "v", "extra_k_cache"), "step:num_blocks+step:block_size")}
 
 
-# A hazard, and the storage forms of an argument that leave it no room: stride 0 along q's heads
-# (no gap between them), along the keys (one key: none left to hold the poison no row may read).
+# A hazard, and the storage forms of an argument that leave it no room: stride 0 along q's heads, or
+# heads sharing memory (no gap between them); stride 0 along the keys (one key: none left to hold
+# the poison no row may read); pages or slots sharing memory (no gap between them, and a hidden
+# slot's poison overwritten by the visible slot beside it).
 # Every row of a request (or every request) reading the last's indices: what the other rows' indices
 # carried (runs of -1, repeats, the last slot, every code among the keys read) is gone.
-_GIVES_UP = {"strided-queries": (("q",), ("zero:Hq",)), "invisible-keys": (("k", "v"), ("zero:S",)),
+_GIVES_UP = {"strided-queries": (("q",), ("zero:Hq", "overlap:Hq")),
+             "invisible-keys": (("k", "v"), ("zero:S", "overlap:num_blocks", "overlap:block_size")),
+             "padded-pages": (("k", "v", "extra_k_cache"), ("overlap:num_blocks", "overlap:block_size")),
              "odd-gqa-group": (("k",), ("zero:Hkv",)),  # with v's too: fmha.oracles.hazards._odd_group
              **{h: (("indices", "extra_indices"), ("zero:B", "zero:T")) for h in (  # either scope's
                  "invalid-runs", "every-code", "last-slot", "repeated-indices", "rows-without-keys",

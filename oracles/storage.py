@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import torch
 
 from fmha.contract import ranges, relations
@@ -64,7 +65,7 @@ def lay_out(t: torch.Tensor, argument: Argument, spec: str, fill) -> torch.Tenso
     dims = argument.shape
     strided = [dims.index(d) for d in argument.strided_dims]
     order = strided
-    steps, zeros, offset = set(), set(), False
+    steps, zeros, overlaps, offset = set(), set(), set(), False
     for form in named:
         kind, _, what = form.partition(":")
         if kind == "order":
@@ -75,12 +76,14 @@ def lay_out(t: torch.Tensor, argument: Argument, spec: str, fill) -> torch.Tenso
             zeros.add(dims.index(what))
         elif kind == "offset":
             offset = True
-        elif kind == "overlap":  # fmha.properties.strategies.drawn_freedoms
-            raise ValueError(f"{form}: elements that share memory are not laid out (they take each other's values)")
+        elif kind == "overlap":
+            overlaps.add(dims.index(what))
     source = t
     for d in sorted(zeros):  # the last: a dense call's last key is one every row sees
         source = source.narrow(d, t.shape[d] - 1, 1)
     memory = order + [d for d in range(t.dim()) if d not in order]  # outermost first; a contiguous last dim last
+    if overlaps:
+        return _overlapping(source.expand(t.shape), memory, steps, zeros, overlaps, offset, fill)
     # A dim at stride 0 keeps its extent in the buffer: the other dims' strides are what they
     # would be without it (a gap the size of the rest of it).
     extents = [t.shape[d] * (2 if d in steps and d not in zeros else 1) for d in memory]
@@ -91,6 +94,44 @@ def lay_out(t: torch.Tensor, argument: Argument, spec: str, fill) -> torch.Tenso
                         for d in range(t.dim()))]
     view.copy_(source)
     return view.expand(t.shape) if zeros else view
+
+
+def _overlapping(values: torch.Tensor, memory: list[int], steps: set, zeros: set, overlaps: set, offset: bool,
+                 fill) -> torch.Tensor:
+    """`values` laid out with the dims in `overlaps` at half the stride that would pack them, so
+    each element shares memory with the next one's (an unfolded sliding window's chunks); the
+    other forms as `lay_out` makes them. Elements that share memory hold one value: a drawn one
+    where any of them had one (not `fill`, not NaN), so poison where no row may read never spreads
+    to a value a row reads; the view's values are what the buffer then holds, and the oracle reads
+    the view."""
+    # innermost first: `packed` what the dims inside span at their strides, `span` what they reach
+    # (more, inside an overlapped dim: a step's gap lies past it); an overlapped stride above the
+    # inner dim's, so the order reads back
+    strides, packed, span, inner = [0] * values.dim(), 1, 1, 0
+    for d in reversed(memory):
+        stride = 2 * span if d in steps and d not in zeros else max(inner + 1, packed // 2) if d in overlaps \
+            else packed
+        strides[d], inner = stride, stride
+        packed, span = values.shape[d] * stride, span + (values.shape[d] - 1) * stride
+    lead = OFFSET_BYTES // values.element_size() if offset else 0
+    flat = _filled(lead + 1 + sum((n - 1) * stride for n, stride in zip(values.shape, strides)), fill, values)
+    where = torch.tensor(lead, dtype=torch.int64)
+    for d in range(values.dim()):
+        shape = [1] * values.dim()
+        shape[d] = values.shape[d]
+        where = where + torch.arange(values.shape[d]).view(shape) * strides[d]
+    where, written = where.flatten(), values.reshape(-1)
+    poison = ~torch.isfinite(written)
+    if not isinstance(fill, torch.Tensor):  # a 0-d fill is a NaN's payload: not finite already
+        poison |= written == fill
+    order = torch.argsort((~poison).cpu().to(torch.int8), stable=True)  # drawn values last: kept
+    where = where[order]
+    last = len(where) - 1 - torch.from_numpy(np.unique(where.numpy()[::-1], return_index=True)[1].copy())
+    flat[where[last].to(flat.device)] = written[order[last].to(written.device)]
+    view = flat.as_strided(values.shape, strides, lead)
+    for d in sorted(zeros):
+        view = view.narrow(d, 0, 1)
+    return view.expand(values.shape) if zeros else view
 
 
 def _filled(n: int, fill, like: torch.Tensor) -> torch.Tensor:

@@ -19,9 +19,13 @@ from fmha.oracles.hazards import HAZARDS, UNSAMPLED, hostile, present
 from fmha.oracles.sample import OTHER_ARGUMENTS, Sample
 from fmha.oracles.storage import record
 from fmha.properties import covering_array
-from fmha.properties.covering_array import block_size_for, head_dim_for, rows_for, storage_variants
+from fmha.properties.covering_array import block_size_for, head_dim_for, lengths_for, rows_for, storage_variants
+from fmha.properties.strategies import call_cost
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# What a dense skeleton whose rows and keys a declaration moved may cost a request, in draws'
+# budgets (fmha.properties.strategies.call_cost): each runs once a law, not a hundred times
+_SKELETON_COST = 4
 # Pairs of hazards whose interaction is a bug of its own, each drawn together in one sample.
 INTERACTING = (
     ("invisible-keys", "shared-pages"),  # a shared page's keys: another request's window sees them
@@ -133,11 +137,16 @@ def _scopes_of_their_own(caps: Capabilities, seed: int) -> list[Sample]:
 
 def _dense(caps, dtype, seed, distribution="normal", q_len=6, kv_len=65, window=9, group=3) -> Sample | None:
     """Dense keys: a group of 3 over 6 causal rows (18: more than a 16-row tile), 65 keys (one
-    past a power of two)."""
+    past a power of two); rows and keys where the kernel's shape relations put them (a square
+    prefill of 2048 keys is past what a CPU run affords: the draws' long contexts have it)."""
     head_dim = head_dim_for(caps, dtype)
     if head_dim is None:
         return None
     heads_q, heads_kv = _heads(caps, group, 2)
+    fitted = lengths_for(caps, q_len, kv_len)
+    if fitted != (q_len, kv_len) and call_cost("cpu", 1, heads_q, *fitted, head_dim, head_dim) > _SKELETON_COST:
+        return None
+    q_len, kv_len = fitted
     problem = Problem(batch=2, q_len=q_len, kv_len=kv_len, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
                       causal="causal" in caps.features, window=window if "window" in caps.features else None,
                       sink=_sink(caps, dtype))
@@ -171,12 +180,14 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     # shows only where the KV heads are one: fmha.oracles.hazards._odd_group), one head, then groups of 3
     grouped = [*([(12, 6), (12, 12), (4, 2)] if "gqa" in caps.features else []), (1, 1)]
     found = []
-    for i, head_dim in enumerate(dims):
+    for i in range(max(len(dims), len(grouped))):  # each head dim, each grouping (fewer dims: some again)
+        head_dim = dims[i % len(dims)]
         heads_q, group = grouped[i] if i < len(grouped) else (3, 3 if "gqa" in caps.features else 1)
         q_len = rows_for(caps, rows[i] if i < len(rows) else 2)
-        found.append(Problem(batch=1, q_len=q_len, kv_len=max(keys[i] if i < len(keys) else 17, q_len), heads_q=heads_q,
+        q_len, kv_len = lengths_for(caps, q_len, max(keys[i] if i < len(keys) else 17, q_len))
+        found.append(Problem(batch=1, q_len=q_len, kv_len=kv_len, heads_q=heads_q,
                              heads_kv=heads_q // group, head_dim=head_dim, dtype=dtype,
-                             head_dim_v=dims[-1 - i] if split else head_dim))
+                             head_dim_v=dims[-1 - i % len(dims)] if split else head_dim, **_required(caps)))
     # (Hq, group, Hkv): 128 heads in groups of 64, 255 to 257 in groups past 16 (16 does not divide
     # them: hostile); one KV head or a few, which a kernel's row tiles pack (256 KV heads, or 256
     # requests, cost the interpreter a program each: the GPU scale tier's, fmha.contract.ranges);
@@ -184,12 +195,19 @@ def _sizes(caps: Capabilities, seed: int) -> list[Sample]:
     heads = [(128, 64, 2), (255, 17, 15), (256, 256, 1), (257, 257, 1)]
     for heads_q, group, heads_kv in heads:
         if (group == 1 or "gqa" in caps.features) and (caps.heads_q is None or heads_q in caps.heads_q):
-            found.append(Problem(batch=2 if heads_q == 128 else 1, q_len=1, kv_len=17, heads_q=heads_q,
-                                 heads_kv=heads_kv, head_dim=dims[0], dtype=dtype))
+            q_len, kv_len = lengths_for(caps, 1, 17)
+            found.append(Problem(batch=2 if heads_q == 128 else 1, q_len=q_len, kv_len=kv_len, heads_q=heads_q,
+                                 heads_kv=heads_kv, head_dim=dims[0], dtype=dtype, **_required(caps)))
     found = [_in_source(p, caps, source) for p in found]
     samples = [Sample(problem=p, seed=seed, k_storage="zero:Hkv" if p.heads_q == 2 * p.heads_kv == 4 else "contiguous")
                for p in found]
     return samples + _paged_sizes(caps, seed, dtype, dims[0])
+
+
+def _required(caps: Capabilities) -> dict:
+    """The features a kernel requires of every call, as Problem fields (a window of 5 keys)."""
+    return dict(causal=bool(caps.requires & {"causal", "window"}), window=5 if "window" in caps.requires else None,
+                sink="sink" in caps.requires, shared_kv="shared_kv" in caps.requires)
 
 
 def _affordable(caps: Capabilities, symbol: str, dtype) -> list[int]:
@@ -348,7 +366,7 @@ def with_every_storage(members: list[Sample]) -> list[Sample]:
     for those in takers.values():
         first, first_name = those[0]
         for j, spec in enumerate(storage_variants(record(first_name, samples[first].problem))):
-            able = [(i, name) for i, name in those if _may_take(samples[i], name, spec)]
+            able = [(i, name) for i, name in those if _may_take(samples[i], name, spec, laid[i]["k_storage"])]
             free = [taker for taker in able if taker not in given]
             if free:
                 i, name = free[0]
@@ -366,10 +384,14 @@ def with_every_storage(members: list[Sample]) -> list[Sample]:
                       storage=tuple(f["storage"].items())) for s, f in zip(samples, laid)]
 
 
-def _may_take(sample: Sample, name: str, spec: str) -> bool:
-    """A buffer shared with v only where v is not k; q's with k and v only in the sample made for it."""
+def _may_take(sample: Sample, name: str, spec: str, k_storage: str) -> bool:
+    """A buffer shared with v only where v is not k; q's with k and v only in the sample made for
+    it, whose k and v are that buffer's; v's own form only where it is neither k nor in k's buffer
+    (`k_storage`, k's form as laid so far)."""
     forms = spec.split("+")
-    if name == "q" and "alias:k" in forms:
+    if name == "q" and "alias:k" in forms or name in ("k", "v") and "alias:k" in sample.q_storage.split("+"):
+        return False
+    if name == "v" and (sample.problem.shared_kv or "alias:" in k_storage):
         return False
     return not (any(f.startswith("alias:v") for f in forms) and sample.problem.shared_kv)
 

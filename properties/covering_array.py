@@ -21,6 +21,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 from importlib.metadata import version
@@ -33,7 +34,7 @@ from fmha.contract.arguments import ARGUMENTS
 from fmha.oracles.hazards import hostile
 from fmha.oracles.sample import OTHER_ARGUMENTS, SCALAR_FORMS, Sample
 from fmha.oracles.storage import record
-from fmha.properties.strategies import drawn_freedoms
+from fmha.properties.strategies import drawn_freedoms, round_up
 
 STRENGTH = 2
 UNQUANTIZED = "q's dtype"  # a cache's layout factor: no quantized layout
@@ -45,6 +46,15 @@ PACKED = ""  # a storage factor's value in a call without the argument (the cove
 def rows_for(caps: Capabilities, prefer: int) -> int:
     """Query rows a request: `prefer`, or the most a kernel declares (a decode kernel's one)."""
     return min(prefer, caps.max_q_len or prefer)
+
+
+def lengths_for(caps: Capabilities, q_len: int, kv_len: int) -> tuple[int, int]:
+    """Query rows and keys near (`q_len`, `kv_len`) where a dense kernel's shape relations put
+    them: multiples of what it declares, T = S for a square prefill (the keys', rounded to both)."""
+    if caps.q_len_equals_kv_len:
+        n = round_up(kv_len, math.lcm(caps.q_len_multiple_of, caps.kv_len_multiple_of))
+        return n, n
+    return round_up(q_len, caps.q_len_multiple_of), round_up(kv_len, caps.kv_len_multiple_of)
 
 
 def head_dim_for(caps: Capabilities, dtype) -> int | None:
@@ -62,13 +72,14 @@ def block_size_for(caps: Capabilities, prefer: int) -> int:
 def storage_variants(argument) -> list[str]:
     """Forms of `argument` that together show each of its record's freedoms: each other memory
     order with a step along every dim and an offset; stride 0 along every dim (it may take);
-    each buffer it may share (with a step)."""
+    elements sharing memory along every dim (it may take); each buffer it may share (with a step)."""
     free = drawn_freedoms(argument)
     steps = [f for f in free if f.startswith(("step:", "offset"))]
     orders = [f for f in free if f.startswith("order:")]
-    zeros = [f for f in free if f.startswith("zero:")]
+    offset = ["offset"] if "offset" in free else []
     # stride 0 first: the family's first sample (its plainest) has every dim past 1, where it shows
-    variants = ["+".join([*zeros, *(["offset"] if "offset" in free else [])])] if zeros else []
+    variants = ["+".join([*those, *offset]) for kind in ("zero:", "overlap:")
+                if (those := [f for f in free if f.startswith(kind)])]
     variants += ["+".join([order, *steps]) for order in orders] or ["+".join(steps)]
     variants += [f"{f}+{steps[0]}" if steps else f for f in free if f.startswith("alias:")]
     return [v for v in variants if v]
@@ -120,8 +131,8 @@ def _problem(caps: Capabilities, source: str, row: dict) -> Problem:
                   window=2 if mask == "window" else None, sink=row["sink given"] == "yes",
                   shared_kv=quantized or source == "sparse" or row.get("v is k") == "yes")
     if source == "dense":
-        rows = rows_for(caps, 7)
-        return Problem(batch=2, q_len=rows, kv_len=rows, **fields)
+        q_len, kv_len = lengths_for(caps, rows_for(caps, 7), rows_for(caps, 7))
+        return Problem(batch=2, q_len=q_len, kv_len=kv_len, **fields)
     if source == "paged":
         block_size = block_size_for(caps, 4)
         return Problem(batch=3, q_len=rows_for(caps, 3), kv_len=2 * block_size + 1, source="paged", block_size=block_size,

@@ -178,7 +178,9 @@ def block_size_changes_nothing(kernel, sample: Sample, device):
     """The same keys in pages of another size give the same answer (within the verdict: a
     kernel may tile by page). A power of two is compared with a size that is not, and back:
     slot arithmetic by shifts and masks is right for powers of two only."""
-    sample = sample.replace(shared_pages=False)  # what a shared page holds depends on its size
+    # what a shared page holds depends on its size, and what elements sharing memory hold on the
+    # slots beside them
+    sample = sample.replace(shared_pages=False).without_forms("overlap:")
     p = sample.problem
     supported = kernel.capabilities_on(device).block_sizes
     sizes = [b for b in (supported or (1, 3, 5, 16, 64)) if b != p.block_size]

@@ -137,6 +137,18 @@ def test_a_quantized_cache_keeps_its_pages_padded():
              "is a multiple of 576 of at least that; got 37376", q, packed, packed, **kw)
 
 
+@pytest.mark.parametrize("token_stride", [0, 2 * 584])
+def test_a_quantized_cache_keeps_its_tokens_packed(token_stride):
+    """A page is one format (every token's data, then every token's scales): kernels read it as one
+    run of bytes from the page's start, whatever the token stride says. A cache whose tokens are not
+    584 bytes apart (a broadcast token, every other token of a wider buffer) is refused."""
+    q, cache, kw = _sparse()
+    strided = torch.zeros(3 * 2 * cache.stride(0), dtype=torch.uint8).as_strided(
+        cache.shape, (2 * cache.stride(0), token_stride, 584, 1))
+    _refused(f"k: a dsv4-fp8 page's tokens are packed, 584 bytes apart (the page is one format: "
+             f"fmha.contract.cache_layouts), so the token stride is 584; got {token_stride}", q, strided, strided, **kw)
+
+
 def test_a_kernel_built_for_some_head_counts_and_top_k_steps_says_so():
     q, cache, kw = _sparse(Hq=4)  # top-k 6
     caps = Capabilities(sources=frozenset({"dense", "sparse"}), heads_q=(64, 128), topk_multiple_of=64,

@@ -116,7 +116,7 @@ def markdown() -> str:
 
     table = Table(["argument", "shape", "dtype", "calls", "storage a caller may give it", "values"])
     for a in ARGUMENTS.values():
-        rule = "a page format: its page stride, an offset" if a.fixed_format else (
+        rule = "a page format, its tokens packed: its page stride, an offset" if a.fixed_format else (
             ("last dim contiguous" if a.contiguous_last else "any strides")
             + ("" if a.broadcast else ", no stride 0") + "".join(f", may share a buffer with {o}" for o in a.aliases))
         table.add(f"`{a.name}`", f"({', '.join(a.shape)})", a.dtype, ", ".join(a.calls), rule,

@@ -64,6 +64,9 @@ def _cache(name: str, cache, q: torch.Tensor, layout: str | None):
         fail(f"{name}: a {layout} page of {cache.shape[1]} tokens takes {spec.page_bytes(cache.shape[1])} bytes "
              f"(padded to a multiple of {spec.page_alignment}), so the block stride is a multiple of "
              f"{spec.page_alignment} of at least that; got {cache.stride(0)}")
+    if cache.shape[1] > 1 and cache.stride(1) != spec.token_bytes:  # kernels read a page as one run of bytes
+        fail(f"{name}: a {layout} page's tokens are packed, {spec.token_bytes} bytes apart (the page is one "
+             f"format: fmha.contract.cache_layouts), so the token stride is {spec.token_bytes}; got {cache.stride(1)}")
     if q.dtype != torch.bfloat16 or q.shape[-1] != spec.head_dim:
         fail(f"q: a {layout} cache is read by bf16 queries of head dim {spec.head_dim}, got "
               f"{DTYPE_NAMES.get(q.dtype, q.dtype)} head dim {q.shape[-1]}")

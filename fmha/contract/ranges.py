@@ -18,6 +18,8 @@ Values past what a CPU run affords (`Size.affordable`) belong to the GPU scale t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 WIDTHS = (8, 16, 24, 31)
@@ -53,11 +55,11 @@ SIZES: dict[str, Size] = {s.symbol: s for s in (
 )}
 
 
-def values(size: Size, allowed: tuple[int, ...] | None = None) -> dict[str, int]:
-    """label -> value of each freedom of `size` within `allowed` (the declared values, sorted), or
-    within 1..hi where the kernel declares none."""
+def values(size: Size, allowed: Sequence[int] | None = None) -> dict[str, int]:
+    """label -> value of each freedom of `size` within `allowed` (the declared values: a range, or
+    any others, sorted here), or within 1..hi where the kernel declares none."""
     if allowed is not None:
-        allowed = tuple(sorted(allowed))
+        allowed = allowed if isinstance(allowed, range) else tuple(sorted(allowed))
         if not allowed:  # a dtype the kernel declares no head dim for
             return {}
         ends = {"min": allowed[0], "max": allowed[-1]}
@@ -95,7 +97,7 @@ def of_call(call: dict, problem) -> set[tuple[str, int]]:
     return found
 
 
-def allowed_by(caps, symbol: str) -> tuple[int, ...] | None:
+def allowed_by(caps, symbol: str) -> Sequence[int] | None:
     """The values of `symbol` a kernel of `caps` declares, or None (the contract's whole range)."""
     if symbol == "block_size":
         return caps.block_sizes
@@ -111,8 +113,16 @@ def allowed_by(caps, symbol: str) -> tuple[int, ...] | None:
         return tuple(sorted(caps.heads_q))
     if symbol == "group" and "gqa" not in caps.features:
         return (1,)
-    largest = {"T": caps.max_q_len, "S": caps.max_kv_len}.get(symbol)
-    return tuple(range(1, largest + 1)) if largest is not None else None
+    if symbol in ("T", "S"):  # up to the declared maximum, in the declared steps (T = S: both of both)
+        step = {"T": caps.q_len_multiple_of, "S": caps.kv_len_multiple_of}[symbol]
+        largest = {"T": caps.max_q_len, "S": caps.max_kv_len}[symbol]
+        if caps.q_len_equals_kv_len:
+            step = math.lcm(caps.q_len_multiple_of, caps.kv_len_multiple_of)
+            largest = min((n for n in (caps.max_q_len, caps.max_kv_len) if n is not None), default=None)
+        if step == 1 and largest is None:
+            return None
+        return range(step, (largest or SIZES[symbol].hi) + 1, step)
+    return None
 
 
 def freedoms(caps=None) -> list[tuple[str, str, int]]:
