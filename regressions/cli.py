@@ -100,6 +100,7 @@ def _matrix(args) -> int:
         return 0
     # A kernel author's cases: their rows, fmha's reused as they are (stale ones said so on the page).
     only = {name for name, m in mutants.items() if m.trap not in shipped} if args.fmha_cases else None
+    only = set() if args.new_only else only  # the rows no run has computed only
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows = kill_matrix.build(device, args.law_examples, args.jobs, cache, progress=say,
                              cases_dirs=tuple(os.path.abspath(d) for d in args.fmha_cases), mutants=mutants, only=only)
@@ -170,6 +171,9 @@ def main(argv=None) -> int:
                              "computing nothing")
     matrix.add_argument("--fresh", action="store_true",
                         help="recompute every row (default: reuse the rows whose inputs did not change)")
+    matrix.add_argument("--new-only", action="store_true",
+                        help="compute only the rows never computed (a mutant just added), the stale ones shown as "
+                             "they were")
     matrix.add_argument("--fmha-cases", action="append", default=[], metavar="DIR",
                         help="your own traps (python -m fmha.regressions new ID --dir DIR): their rows too")
     matrix.add_argument("--out", default=None,

@@ -82,6 +82,27 @@ def _k_read_packed_when_v_is_k(args):
     return args
 
 
+def _overlap_read_as_broadcast(args):
+    """q, k and v's dims told broadcast by a stride under what the next dim inside spans packed, as
+    a launcher that knows packed, strided and expanded views tells them: stride 0 is, and so is a
+    dim whose elements share memory with the next one's (an unfolded window's chunks), read at
+    stride 0: its first element for all."""
+    shared = args["v"] is args["k"]
+    for name in ("q", "k") if shared else ("q", "k", "v"):
+        t = args[name]
+        if t.dtype == torch.uint8:
+            continue
+        moving = sorted((d for d in range(t.dim() - 1) if t.shape[d] > 1 and t.stride(d) > 0), key=lambda d: -t.stride(d))
+        strides = list(t.stride())
+        for outer, inner in zip(moving, [*moving[1:], None]):
+            if t.stride(outer) < (t.shape[-1] if inner is None else t.shape[inner] * t.stride(inner)):
+                strides[outer] = 0
+        args[name] = t.as_strided(t.shape, strides, t.storage_offset())
+    if shared:  # K = V stays one tensor
+        args["v"] = args["k"]
+    return args
+
+
 def _storage(name: str, bug: str, transform) -> Mutant:
     return Mutant(name, "", bug, functools.partial(_entry, name, through(transform)), twin=lambda: REFERENCE_ENTRY)
 
@@ -93,6 +114,9 @@ STORAGE_MUTANTS = (
              "order of) q, k, v read as (B, T, H)", _strides_in_memory_order),
     _storage("sink-read-packed", "the sink read as packed floats: a strided or broadcast sink's heads read "
              "from the wrong places", _sink_read_packed),
+    _storage("overlap-read-as-broadcast", "a dim of q, k or v whose elements share memory with the next one's "
+             "(an unfolded window's chunks) taken for a broadcast one: its first element read for all",
+             _overlap_read_as_broadcast),
     _storage("one-buffer-read-as-k-is-v", "k and v in one buffer (a packed KV projection) taken for K = V: v "
              "read from k", _one_buffer_read_as_k_is_v),
     # Bugs on a pair of freedoms, each of which alone it gets right (fmha.properties.covering_array)
