@@ -149,3 +149,30 @@ def test_a_users_case_computes_its_own_row_and_reuses_fmhas_stale_ones(monkeypat
     assert [r.mutant for r in rows] == [*shipped, "users-own-mutant"]
     assert lines[0] == "1 row(s) to compute, 2 reused (2 of them stale: python -m fmha.regressions matrix --stale)"
     assert set(kill_matrix.stale_rows(cache, {**shipped, "users-own-mutant": users}, None)) == set(shipped)
+
+
+def test_new_only_computes_a_mutant_just_added_and_shows_the_stale_rows_as_they_were(monkeypatch, tmp_path):
+    """`matrix --new-only`: the row no run has computed, and none of the stale ones (a mutant added
+    after the draws changed gets its row in minutes, not after an hour of everyone's)."""
+    import dataclasses
+
+    from fmha.regressions import cli
+
+    added = dataclasses.replace(MUTANTS["no-scale"], name="a-mutant-just-added")
+    mutants = {**{name: MUTANTS[name] for name in ("minus-one-is-slot-0", "no-scale")}, added.name: added}
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({name: entry for name, entry in _shipped_rows_all_stale().items() if name in mutants}))
+    computed = []
+
+    def row(name, device, law_examples=None):
+        computed.append(name)
+        return kill_matrix.Row(name, own=[])
+
+    monkeypatch.setattr(kill_matrix, "ROWS", str(rows))
+    monkeypatch.setattr(kill_matrix, "matrix_mutants", lambda: mutants)
+    monkeypatch.setattr(kill_matrix, "mutant_row", row)
+    monkeypatch.setattr(kill_matrix, "correct_kernel_failures", lambda kernels, device, progress: {})
+    cli.main(["matrix", "--new-only", "--jobs", "1", "--fmha-device", "cpu", "--out", str(tmp_path / "page.md")])
+    assert computed == ["a-mutant-just-added"], computed
+    page = (tmp_path / "page.md").read_text()
+    assert "| no-scale (stale) |" in page and "| a-mutant-just-added |" in page
