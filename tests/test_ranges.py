@@ -22,7 +22,8 @@ def test_a_range_lists_its_ends_their_neighbours_the_width_boundaries_inside_and
 
 def test_a_declaration_narrows_the_range_to_what_it_declares():
     """fmha's head dims, 16 to 512 in steps of 16: min + 1 is 32, no 255 or 40; a kernel without GQA
-    has groups of 1 only; a decode kernel, one query row."""
+    has groups of 1 only; a decode kernel, one query row; a square prefill in whole tiles of 128
+    rows and keys in multiples of 128 (no 1, 2, 255 or 257: it was told to reach them)."""
     caps = resolve_kernel("fmha").capabilities_on("cpu")
     fmha = dict((label, n) for symbol, label, n in ranges.freedoms(caps) if symbol == "D")
     assert (fmha["min"], fmha["min+1"], fmha["max-1"], fmha["max"], fmha["2^8"]) == (16, 32, 496, 512, 256)
@@ -31,6 +32,10 @@ def test_a_declaration_narrows_the_range_to_what_it_declares():
     assert {n for symbol, _, n in ranges.freedoms(plain) if symbol == "group"} == {1}
     decode = dataclasses.replace(CAPABILITIES, max_q_len=1)
     assert {n for symbol, _, n in ranges.freedoms(decode) if symbol == "T"} == {1}
+    square = dataclasses.replace(CAPABILITIES, q_len_equals_kv_len=True, kv_len_multiple_of=128, max_kv_len=4096)
+    for symbol in ("T", "S"):
+        found = {label: n for s, label, n in ranges.freedoms(square) if s == symbol}
+        assert found == {"min": 128, "min+1": 256, "max-1": 3968, "max": 4096, "2^8": 256}, (symbol, found)
 
 
 def test_a_call_is_counted_by_the_sizes_it_was_handed():
