@@ -13,13 +13,16 @@ The catalogue sits above the oracles: its `reference` kernel is the float64 orac
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import os
 import sys
+from collections.abc import Mapping
 
 from fmha import dispatch
 from fmha.adapters import flashinfer, flashmla, flex, sdpa, sdpa_paged, vllm
-from fmha.contract import FULL_CONTRACT, KernelEntry, MergeEntry
+from fmha.contract import FULL_CONTRACT, Capabilities, KernelEntry, MergeEntry
 from fmha.kernels import cuda_sparse, gluon_dense, gluon_sparse, torch_merge
 from fmha.kernels.triton_utils import triton_availability
 from fmha.oracles import reference_kernel
@@ -111,8 +114,59 @@ def _resolve(spec: str, what: str, table: dict, entry_type: type, wrap):
 
 
 def resolve_kernel(spec: str) -> KernelEntry:
-    return _resolve(spec, "kernel", KERNELS, KernelEntry, lambda name, fn: KernelEntry(
-        name=name, fn=fn, capabilities=getattr(fn, "capabilities", FULL_CONTRACT)))
+    return _resolve(spec, "kernel", KERNELS, KernelEntry, _plugged)
+
+
+# What a call of each source passes a kernel beside q, k and v, always (fmha.oracles.inputs.Inputs.kwargs;
+# out= where declared, the optional ones where a call has them): what a plug-in's signature must take.
+_SCALARS = ("scale", "causal", "window", "sink")
+CALL_KEYWORDS = {"dense": _SCALARS, "paged": (*_SCALARS, "block_table", "kv_lens"),
+                 "ragged": (*_SCALARS, "block_table", "kv_lens", "cu_seqlens_q"), "sparse": (*_SCALARS, "indices"),
+                 "two_scopes": (*_SCALARS, "indices", "extra_k_cache", "extra_indices")}
+
+
+def _plugged(name: str, fn) -> KernelEntry:
+    """A plug-in's entry, refused with what to change where its declaration is not a Capabilities or
+    its signature cannot take the calls of the sources it declares."""
+    capabilities = getattr(fn, "capabilities", FULL_CONTRACT)
+    if not isinstance(capabilities, Capabilities):
+        hint = ""
+        if isinstance(capabilities, Mapping):
+            unknown = sorted(set(capabilities) - {f.name for f in dataclasses.fields(Capabilities)})
+            hint = (f" ({', '.join(map(str, unknown))} among its keys are not Capabilities' fields)" if unknown
+                    else " (fmha.Capabilities(**that dict) is one)")
+        raise ValueError(f"--fmha-kernel {name!r}: its capabilities attribute is a {type(capabilities).__name__}; "
+                         f"expected an fmha.Capabilities{hint}")
+    problem = _signature_problem(fn, capabilities)
+    if problem:
+        raise ValueError(f"--fmha-kernel {name!r}: {problem}")
+    return KernelEntry(name=name, fn=fn, capabilities=capabilities)
+
+
+def _signature_problem(fn, capabilities: Capabilities) -> str:
+    """Why `fn`'s signature cannot take a call of a source it declares, with the fix; "" where it can
+    (or where Python cannot read its signature: a builtin's call says so itself)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return ""
+    for source in sorted(capabilities.sources):
+        keywords = dict.fromkeys((*CALL_KEYWORDS[source], *(["out"] if "out" in capabilities.features else [])))
+        try:
+            signature.bind(None, None, None, **keywords)
+        except TypeError as e:
+            said = (f"{getattr(fn, '__qualname__', fn)}{signature} cannot take a {source} call, "
+                    f"fn(q, k, v, {', '.join(f'{k}=...' for k in keywords)}): {e}")
+            required = [p.name for p in signature.parameters.values() if p.default is p.empty
+                        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("q", "k", "v")]
+            passed_by = sorted({s for name in required for s, names in CALL_KEYWORDS.items() if name in names}
+                               - set(capabilities.sources))
+            if passed_by:
+                said += (f"; {', '.join(required)} come with {' or '.join(passed_by)} calls: declare the sources it "
+                         f"takes, fn.capabilities = fmha.Capabilities(sources=frozenset({{{passed_by[0]!r}}}), ...) "
+                         f"(it declares {', '.join(sorted(capabilities.sources))})")
+            return said
+    return ""
 
 
 def resolve_merge(spec: str) -> MergeEntry:

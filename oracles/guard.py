@@ -307,12 +307,18 @@ def end_of_test() -> list[str]:
 
 def _not_plain(result, args) -> list[str]:
     tensors = result if isinstance(result, (tuple, list)) else (result,)
+    if len(tensors) != 2:  # the contract's (o, lse): what came back, before what is in it
+        return [f"expected (o, lse) with lse a tensor or None, got a {type(result).__name__}"
+                + (f" of {len(tensors)}: ({', '.join(type(t).__name__ for t in tensors)})" if tensors is result else "")]
     q = args[0] if args and isinstance(args[0], torch.Tensor) else None
     found = []
     for position, t in enumerate(tensors):
         if t is None:
             continue
-        if type(t) is not torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            found.append(f"output {position} is a {type(t).__qualname__}, not a tensor (the contract's (o, lse): "
+                         "lse a tensor or None)")
+        elif type(t) is not torch.Tensor:
             found.append(f"output {position} is a {type(t).__module__}.{type(t).__qualname__}, not a plain "
                          f"torch.Tensor (a subclass or wrapper: what its storage holds is not what torch sees)")
         elif q is not None and t.device != q.device:

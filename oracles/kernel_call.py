@@ -143,15 +143,30 @@ def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, 
     """(o, lse) as the contract says, or an AssertionError saying what came back instead."""
     p = inputs.problem
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
-        raise AssertionError(f"{kernel.name}: expected (o, lse) with lse a tensor or None, got {type(result).__name__}")
+        raise AssertionError(f"{kernel.name}: expected (o, lse) with lse a tensor or None, got {_described(result)}")
     o, lse = result
     expected = output_shape(p, total_q=inputs.q.shape[0])
     if tuple(o.shape) != expected or o.dtype != p.dtype:
         raise AssertionError(f"{kernel.name}: o should be {expected} {p.dtype}, got {tuple(o.shape)} {o.dtype}")
     lse_shape = (p.heads_q, expected[0]) if p.ragged else (p.batch, p.heads_q, p.q_len)
-    if lse is not None and tuple(lse.shape) != lse_shape:
-        raise AssertionError(f"{kernel.name}: lse should be {lse_shape}, got {tuple(lse.shape)}")
+    if lse is None and "lse" in kernel.capabilities_on(inputs.q.device.type).features:
+        raise AssertionError(f"{kernel.name}: declares lse (Capabilities.features) but returned (o, None): return "
+                             f"the {lse_shape} float32 log-sum-exp, or leave lse out of its features")
+    if lse is not None and (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != lse_shape
+                            or lse.dtype != torch.float32):
+        raise AssertionError(f"{kernel.name}: lse should be {lse_shape} torch.float32 (the contract's: log Z per "
+                             f"row, natural log), got {_described(lse)}")
     return o, lse
+
+
+def _described(value) -> str:
+    """What a kernel returned, as a message shows it: a tensor's shape and dtype, a tuple's length
+    and what is in it."""
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {value.dtype}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}: ({', '.join(type(v).__name__ for v in value)})"
+    return type(value).__name__
 
 
 def bitwise_difference(a: torch.Tensor, b: torch.Tensor) -> str | None:

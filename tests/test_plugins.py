@@ -191,6 +191,66 @@ def test_a_plugin_that_does_not_compile_is_a_usage_error_naming_the_line(plugged
     assert "'broken_kernels' does not compile" in err and "broken_kernels.py, line 1" in err, err
 
 
+MISTAKES = textwrap.dedent('''
+    from plugged_kernels import correct
+
+    def as_dict(*args, **kwargs):
+        return correct(*args, **kwargs)
+
+    as_dict.capabilities = {"head_dims": (64,), "dtypes": ("bf16",)}
+
+    def no_scale(q, k, v, causal=False):
+        return correct(q, k, v, causal=causal)
+
+    def paged(q, k, v, *, block_table, kv_lens, scale=None, causal=False, window=None, sink=None, out=None):
+        raise AssertionError("never called: its declaration says dense")
+''')
+
+
+@pytest.mark.parametrize("attr, said", [
+    ("as_dict", "its capabilities attribute is a dict; expected an fmha.Capabilities (fmha.Capabilities(**that dict) "
+                "is one)"),
+    ("no_scale", "no_scale(q, k, v, causal=False) cannot take a dense call, fn(q, k, v, scale=..., causal=..., "
+                 "window=..., sink=..., out=...): got an unexpected keyword argument 'scale'"),
+    ("paged", "missing a required argument: 'block_table'; block_table, kv_lens come with paged or ragged calls: "
+              "declare the sources it takes, fn.capabilities = fmha.Capabilities(sources=frozenset({'paged'}), ...) "
+              "(it declares dense)"),
+], ids=["capabilities-as-a-dict", "a-signature-without-scale", "paged-arguments-undeclared"])
+def test_a_plugin_the_contract_cannot_call_is_a_usage_error_saying_what_to_change(plugged, attr, said):
+    """A declaration that is not a Capabilities, a signature that cannot take the calls of the sources
+    it declares: one paragraph naming the attribute, what was expected and the fix, before any test
+    runs; no INTERNALERROR, no traceback through the guard."""
+    plugged.makepyfile(mistaken_kernels=MISTAKES)
+    result = plugged.runpytest(AGREEMENT, f"--fmha-kernel=mistaken_kernels:{attr}")
+    err, out = result.stderr.str(), result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out[-2000:] + err[-2000:]
+    assert f"--fmha-kernel 'mistaken_kernels:{attr}': " in err and said in err, err
+    assert "INTERNALERROR" not in out + err and "Traceback" not in out + err, out[-2000:] + err[-2000:]
+
+
+@pytest.mark.parametrize("returns, said", [
+    ("o, lse, 0", "expected (o, lse) with lse a tensor or None, got a tuple of 3: (Tensor, Tensor, int)"),
+    ("o, None", "declares lse (Capabilities.features) but returned (o, None): return the (2, 4, 4) float32 "
+                "log-sum-exp, or leave lse out of its features"),
+    ("o, lse.to(torch.bfloat16)", "lse should be (2, 4, 4) torch.float32 (the contract's: log Z per row, natural "
+                                  "log), got (2, 4, 4) torch.bfloat16"),
+], ids=["three-outputs", "lse-declared-not-returned", "lse-in-bf16"])
+def test_outputs_unlike_the_declared_ones_fail_by_name(plugged, returns, said):
+    """The outputs checked as declared, before their values: a third output, an LSE declared and not
+    returned (it had passed everything), an LSE in bf16 (judged on its accuracy alone)."""
+    plugged.makepyfile(returning_kernels=textwrap.dedent(f'''
+        import torch
+        from plugged_kernels import correct
+
+        def fwd(q, k, v, **kwargs):
+            o, lse = correct(q, k, v, **kwargs)
+            return {returns}
+    '''))
+    result = plugged.runpytest(AGREEMENT, "--fmha-kernel=returning_kernels:fwd", "-k", "hd64-T4-S128-B2-mha-h4-bf16-normal]")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed", 0) == 1 and said in out, out[-3000:]
+
+
 def test_unsupported_combinations_are_skips_carrying_the_kernels_reason(plugged):
     plugged.makepyfile(limited_kernels=textwrap.dedent('''
         from fmha.contract import Capabilities

@@ -34,7 +34,7 @@ from fmha.adapters.libraries import availability_of, written_to
 from fmha.contract import Capabilities, KernelEntry, check_attention_args, plain_scalars
 
 INSTALL = ("FlashInfer is not installed: pip install flashinfer-python (JIT-builds its kernels with nvcc on first "
-           "use; `pip install 'fmha[flashinfer]'` brings it)")
+           "use; `pip install '<fmha clone>[flashinfer]'` brings it)")
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples allocate 128 MB
 
 _NOTES = {"dense": "FlashInfer's wrappers read a paged cache", "sink": "its FA2/FA3 paths on Hopper take no sink",

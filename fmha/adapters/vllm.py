@@ -34,7 +34,7 @@ from fmha.adapters.conventions import keys_left_of_current, packed_queries
 from fmha.adapters.libraries import availability_of, written_to
 from fmha.contract import Capabilities, KernelEntry, check_attention_args, plain_scalars
 
-INSTALL = "vLLM is not installed: pip install vllm (`pip install 'fmha[vllm]'` brings it)"
+INSTALL = "vLLM is not installed: pip install vllm (`pip install '<fmha clone>[vllm]'` brings it)"
 MODULES = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")
 
 CAPABILITIES = Capabilities(
