@@ -30,11 +30,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from fmha.ci import progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
-from fmha.oracles import run_seed
+from fmha.oracles import run_seed, threads
 from fmha.properties.run_settings import DEVICE, KERNEL_SPECS, RUN_SEED, register_profiles, reproduce_command
 from fmha.regressions import selection
 
@@ -113,12 +112,13 @@ def pytest_configure(config):
     config.stash[RUN_SEED] = (workerinput or {}).get("fmha_seed", seed)
     run_seed.use(config.stash[RUN_SEED])
     os.environ[run_seed.ENVIRONMENT] = str(config.stash[RUN_SEED])
+    # xdist starts one worker per core and torch one thread per core in each: 16 x 16 threads on
+    # 16 cores slowed every CPU-bound test (compiles, oracles) on a GPU runner; a session on its
+    # own takes the cores the machine's load leaves (fmha.oracles.threads)
     if workerinput is not None:
-        # xdist starts one worker per core and torch one thread per core in each: 16 x 16
-        # threads on 16 cores slowed every CPU-bound test (compiles, oracles) on a GPU runner.
-        threads = max(1, (os.cpu_count() or 1) // int(workerinput["workercount"]))
-        torch.set_num_threads(threads)
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # the suite's subprocesses too
+        threads.share_cores(int(workerinput["workercount"]))
+    elif not getattr(config.option, "numprocesses", None):  # not an xdist controller, which only hands out tests
+        threads.share_cores()
     known = ledger.LEDGER
     path = config.getoption("--fmha-known-failures")
     try:

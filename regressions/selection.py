@@ -18,6 +18,7 @@ import argparse
 import torch
 
 from fmha.contract import KernelEntry, MergeEntry
+from fmha.oracles import threads
 
 MUTANT = "mutant:"
 
@@ -93,8 +94,10 @@ def command_line(doc: str, default_kernels: str = DEFAULT_KERNELS) -> argparse.A
 
 
 def parse(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    """Arguments with the device decided; a bad device is a usage error (exit 2)."""
+    """Arguments with the device decided; a bad device is a usage error (exit 2). The command takes
+    its share of the cores (fmha.oracles.threads)."""
     args = parser.parse_args(argv)
+    threads.share_cores()
     try:
         args.fmha_device = device(args.fmha_device)
     except ValueError as e:
