@@ -45,8 +45,7 @@ def strided(draw, shape, dtype, low=-3, high=3, values=None, packed_last=None):
         packed *= max(size, 1)
     strides.reverse()
     offset = draw(st.sampled_from([0, 0, 3]))
-    span = offset + sum(max(n - 1, 0) * s for n, s in zip(shape, strides)) + 1
-    buffer = torch.arange(span, dtype=torch.float64).remainder(high - low + 1).add(low).to(dtype)
+    buffer = torch.arange(_span(shape, strides, offset), dtype=torch.float64).remainder(high - low + 1).add(low).to(dtype)
     t = buffer.as_strided(shape, strides, offset)
     if values is not None and not _overlaps(t) and all(s or n <= 1 for s, n in zip(t.stride(), t.shape)):
         t.copy_(values)
@@ -62,8 +61,13 @@ def quantized_cache(draw, blocks: int, block_size: int, layout: str):
     strides = (draw(_mostly(st.sampled_from([page, 2 * page]), st.sampled_from([0, block_size * token]))),
                draw(_mostly(st.just(token), st.sampled_from([0, 2 * token]))), token, 1)
     offset = draw(st.sampled_from([0, 0, spec.page_alignment]))
-    span = offset + sum((n - 1) * s for n, s in zip((blocks, block_size, 1, token), strides)) + 1
-    return torch.zeros(span, dtype=torch.uint8).as_strided((blocks, block_size, 1, token), strides, offset)
+    shape = (blocks, block_size, 1, token)
+    return torch.zeros(_span(shape, strides, offset), dtype=torch.uint8).as_strided(shape, strides, offset)
+
+
+def _span(shape, strides, offset: int) -> int:
+    """The elements a buffer holds for a view of `shape` and `strides` from `offset` (none past it)."""
+    return offset + sum(max(n - 1, 0) * s for n, s in zip(shape, strides)) + 1
 
 
 _ANY = st.one_of(st.none(), st.floats(-1, 2), st.integers(-1, 3), st.booleans(),
