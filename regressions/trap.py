@@ -9,6 +9,7 @@ rounding bias of half an ulp is inside every per-element bound but is still a bu
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,19 +106,20 @@ def _same_error(run, other, oracle) -> bool:
 def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> tuple[Sample | None, str]:
     """`case` as `kernel` can run it, or (None, why not).
 
-    A dense case runs as it is or not at all. A paged or sparse case the kernel cannot run is
-    re-laid inside its capabilities (its block sizes, with each request's pages, full and
-    partial, kept; Dv = D; a head dim it has; Hkv = Hq; a query head count it has; one query
-    row for a decode kernel; each top-k padded to its step, the rows still reading the keys
-    they read; a quantized cache it reads for one it does not): the first layout on which one
-    of the trap's `mutants` (kernels with the bug the case exists for) still fails keeps the
-    case's point. Where none does, the point cannot be expressed for this kernel, and that is
-    the skip."""
+    A case the kernel cannot run is re-laid inside its capabilities: a dense case causal for a
+    causal-only kernel, square for one that needs T = S, in whole tiles, within its lengths,
+    without a feature it lacks (a window, a sink, K = V); a paged or sparse case in its block
+    sizes, with each request's pages, full and partial, kept; each top-k padded to its step,
+    the rows still reading the keys they read; a quantized cache it reads for one it does not;
+    either kind with Dv = D, a head dim it has, Hkv = Hq, a query head count it has, its most
+    query rows. The first layout on which one of the trap's `mutants` (kernels with the bug the
+    case exists for) still fails keeps the case's point. Where none does, the point cannot be
+    expressed for this kernel, and that is the skip."""
     reasons = kernel.not_supported_reasons(case.problem, device)
     if not reasons:
         return case, ""
     caps = kernel.capabilities_on(device)
-    if (case.problem.source == "dense" or kernel.availability(device) or not case.problem.sources <= caps.sources
+    if (kernel.availability(device) or not case.problem.sources <= caps.sources
             or (case.problem.cache_layouts and not caps.cache_layouts)):
         return None, "; ".join(reasons)  # what it reads, the kernel does not: nothing to re-lay
     tried = [c for c in _layouts(case, caps) if not kernel.not_supported_reasons(c.problem, device)]
@@ -157,9 +159,9 @@ def _layouts(case: Sample, caps) -> list[Sample]:
         caps.heads_q, key=lambda h: abs(h - p.heads_q))[:1]
     caches = [_cache_layouts(p, caps)] if p.cache_layouts else [{}]
     candidates = []
-    for head_dim, block_size, extra_size, heads_q, cache in itertools.product(
-            head_dims, block_sizes, extra_sizes, heads, caches):
-        changes = dict(head_dim=head_dim, block_size=block_size, extra_block_size=extra_size, **cache)
+    for head_dim, block_size, extra_size, heads_q, cache, dense in itertools.product(
+            head_dims, block_sizes, extra_sizes, heads, caches, _dense_layouts(p, caps)):
+        changes = dict(head_dim=head_dim, block_size=block_size, extra_block_size=extra_size, **cache, **dense)
         if not caps.split_head_dim_v or p.shared_kv:
             changes["head_dim_v"] = head_dim
         elif dims is not None and p.head_dim_v not in dims:
@@ -179,6 +181,28 @@ def _layouts(case: Sample, caps) -> list[Sample]:
             except ValueError:  # a layout the contract has no call for
                 continue
     return candidates
+
+
+def _dense_layouts(p, caps) -> list[dict]:
+    """A dense case's mask, features and lengths inside `caps`: causal for a causal-only kernel;
+    without a window, a sink or K = V it lacks; T and S within its maxima and in whole tiles; for
+    one that needs T = S, square at its keys first, then at its rows."""
+    if p.source != "dense":
+        return [{}]
+    features = dict(causal=p.causal or "causal" in caps.requires)
+    if p.window is not None and "window" not in caps.features:
+        features["window"] = None
+    features |= {name: False for name in ("sink", "shared_kv") if getattr(p, name) and name not in caps.features}
+    shapes = [(p.kv_len, p.kv_len), (p.q_len, p.q_len)] if caps.q_len_equals_kv_len else [(p.q_len, p.kv_len)]
+    layouts = []
+    for T, S in shapes:
+        T, S = round_up(T, caps.q_len_multiple_of), round_up(S, caps.kv_len_multiple_of)
+        if caps.q_len_equals_kv_len:
+            T = S = round_up(max(T, S), math.lcm(caps.q_len_multiple_of, caps.kv_len_multiple_of))
+        T, S = min(T, caps.max_q_len or T), min(S, caps.max_kv_len or S)
+        if (layout := dict(features, q_len=T, kv_len=S)) not in layouts:
+            layouts.append(layout)
+    return layouts
 
 
 def _cache_layouts(p, caps) -> dict:

@@ -119,7 +119,7 @@ def test_every_named_case_skips_saying_why_or_is_laid_out_inside_the_declaration
     kernel = KernelEntry(name=declaration, fn=_stub, capabilities=DECLARATIONS[declaration])
     wrong = []
     for trap in TRAPS.values():
-        mutants = in_process_mutants(trap.id) if any(c.problem.source != "dense" for c in trap.cases) else ()
+        mutants = in_process_mutants(trap.id)
         for case in trap.cases:
             laid, why = laid_out_for(kernel, case, "cpu", mutants)
             if laid is None:

@@ -93,7 +93,7 @@ def named_cases() -> list[tuple[Trap, Sample]]:
 def run_named_case(kernel, trap: Trap, case: Sample, device: str) -> tuple[str, str]:
     """`case` of `trap` on `kernel`, laid out for it: ("passed", ""), ("skipped", why it cannot
     run there) or ("failed", what failed, with the trap's symptom and root cause)."""
-    laid, why = laid_out_for(kernel, case, device, in_process_mutants(trap.id) if case.problem.source != "dense" else ())
+    laid, why = laid_out_for(kernel, case, device, in_process_mutants(trap.id))
     if laid is None:
         return "skipped", f"{kernel.name}, {trap.id}: {why}"
     failures = check_case(kernel, laid, device, trap.symptoms)
@@ -123,8 +123,7 @@ def laid_out_cases(kernel, device: str) -> list[tuple[str, Sample]]:
     """Every named case `kernel` can run, laid out for it: (trap id, case) pairs."""
     found = []
     for trap in TRAPS.values():
-        # a dense case runs as it is or not at all: its mutants (patched kernels) are not needed
-        mutants = in_process_mutants(trap.id) if any(c.problem.source != "dense" for c in trap.cases) else ()
+        mutants = in_process_mutants(trap.id)
         for case in trap.cases:
             laid, _ = laid_out_for(kernel, case, device, mutants)
             if laid is not None:
