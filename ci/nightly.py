@@ -8,8 +8,9 @@ reach cosine >= 0.999998.
 It gates the kernels selected as in pytest, fmha's own when none is (`fmha`, and on CUDA its
 CUDA C++ kernels: `cuda-sparse`); --compare adds
 kernels whose rows are reported and never gated. For each kernel it runs the grid x
-layouts (MHA, MQA with K = V), and the 96 sparse-decode configs (properties/grid.py), x
-distributions (normal, peaky, flat) x seeds against the float64 oracle (over the dequantized
+layouts (MHA, GQA, MQA with K = V) x every dtype, and the 96 sparse-decode configs
+(properties/grid.py), x distributions (normal, peaky, flat) x seeds, each dtype the kernel does
+not declare a skip with its reason, against the float64 oracle (over the dequantized
 keys for quantized caches) and records global and worst-row cosine, error ratio and LSE error. The gate
 is the global cosine of every run, with every output element written and finite (the cosine is
 taken over the finite elements alone). Writes DIR/results.json (atomically), DIR/summary.md and
@@ -18,7 +19,9 @@ DIR/history.jsonl and heatmaps of both grids), DIR/junit.xml (one test case per 
 config), compares with the previous DIR/results.json and lists what got worse; exits 1 when
 any run is below the gate.
 On a machine without CUDA it runs a reduced slice through the Triton interpreter (every
-head dim, decode shapes; two sparse configs) so the command works anywhere.
+head dim, decode shapes; two sparse configs; each layout and dtype of a config in one
+distribution, rotated so that every layout and every dtype meets every distribution) so the
+command works anywhere.
 
 Over N runners: each runs `--shard I/N --out DIR_I` (every N-th grid case from the I-th: the same
 N, the same parts), then `merge DIR_1 ... DIR_N --out DIR` joins their runs into one report, in
@@ -56,10 +59,9 @@ from fmha.ci.gate_judge import GATE, judged, skipped
 from fmha.ci import progress as progress_lines
 from fmha.ci.run_record import RunRecord, against_ledger
 from fmha.contract import DTYPE_NAMES
-from fmha.properties.grid import GRID, SPARSE_GRID, config_id, grid_id, grid_problem, sparse_id
+from fmha.properties.grid import GRID, LAYOUTS, SPARSE_GRID, config_id, grid_id, grid_problem, sparse_id
 from fmha.tables import Table
 
-LAYOUTS = ("mha", "mqa")
 SPARSE_LAYOUT = report_html.SPARSE
 DISTRIBUTIONS = ("normal", "peaky", "flat")
 GATE_TEST = "nightly:gate"  # what a known-failure record names for a grid case's runs (its `case`: the case's id)
@@ -78,36 +80,47 @@ CPU_SPARSE_SLICE = {"dsv4-h64-T1-topk128+512-block64-fp8-sink", "dsv4-h64-T1-top
 
 def cases(configs, sparse_configs) -> list[tuple]:
     """(problem, the case's id, where it sits in the grids) of every grid case: configs x
-    layouts, then the sparse ones."""
-    dense = [(grid_problem(c, layout), grid_id(c, layout), dict(config=config_id(c), head_dim=c.head_dim,
-                                                                 q_len=c.q_len, kv_len=c.kv_len, layout=layout))
-             for c in configs for layout in LAYOUTS]
+    layouts x dtypes, then the sparse ones (bf16 queries: their caches are quantized)."""
+    dense = [(grid_problem(c, layout, dtype), grid_id(c, layout, dtype),
+              dict(config=config_id(c), head_dim=c.head_dim, q_len=c.q_len, kv_len=c.kv_len, layout=layout))
+             for c in configs for layout in LAYOUTS for dtype in DTYPE_NAMES]
     sparse = [(p, sparse_id(p), dict(config=sparse_id(p), head_dim=p.head_dim, q_len=p.q_len,
                                      kv_len=p.kv_len + p.extra_topk, layout=SPARSE_LAYOUT)) for p in sparse_configs]
     return dense + sparse
 
 
-def planned_runs(kernels, seeds: int, grid_cases) -> list[tuple]:
+def _distributions(problem, where: dict, every: bool) -> tuple[str, ...]:
+    """Every distribution, or (the CPU slice) one a dense case's layout and dtype rotate through:
+    over a config's layouts and dtypes each layout and each dtype meets every distribution."""
+    if every or where["layout"] == SPARSE_LAYOUT:
+        return DISTRIBUTIONS
+    turn = list(LAYOUTS).index(where["layout"]) + list(DTYPE_NAMES).index(problem.dtype)
+    return (DISTRIBUTIONS[turn % len(DISTRIBUTIONS)],)
+
+
+def planned_runs(kernels, seeds: int, grid_cases, every_distribution: bool = True) -> list[tuple]:
     """(kernel, problem, record) of every run: kernels x grid cases x distributions x seeds, each
     record not yet run."""
     return [(kernel, problem, RunRecord(kernel.name, "gate", case, DTYPE_NAMES[problem.dtype], outcome="not_run",
                                         message=NOT_RUN, where=dict(where, distribution=distribution, seed=seed)))
-            for kernel in kernels for problem, case, where in grid_cases for distribution in DISTRIBUTIONS
-            for seed in range(seeds)]
+            for kernel in kernels for problem, case, where in grid_cases
+            for distribution in _distributions(problem, where, every_distribution) for seed in range(seeds)]
 
 
 def run_gate(kernels, device: str, seeds: int, grid_cases, progress=True, judge=None, on_record=None,
-             known=()) -> list[RunRecord]:
+             known=(), every_distribution: bool | None = None) -> list[RunRecord]:
     """One record per run, each given to `on_record` as it is made. `judge(kernel, problem, record)`
     runs one (default: in this process, `judged`; the command runs each in a child process that a
     hang or a crash costs one run, fmha.ci.gate_child). A kernel that raises (or returns the wrong
     shape, or ignores out=) gets that run recorded with the error, and the gate goes on; a
     NotSupportedError for a call its capabilities admit is a skip with its reason, as in pytest
     and verify. A run the `known` records (test "nightly:gate", the grid case's id) cover is
-    known when it fails and fixed when it passes."""
+    known when it fails and fixed when it passes. Every distribution runs on a GPU, one a case
+    on the CPU (`every_distribution` says otherwise)."""
     judge = judge or (lambda kernel, problem, record: judged(kernel, problem, record, device))
     records = []
-    runs = planned_runs(kernels, seeds, grid_cases)
+    every = device != "cpu" if every_distribution is None else every_distribution
+    runs = planned_runs(kernels, seeds, grid_cases, every)
     start = time.monotonic()
 
     def line() -> str:  # piped stderr (a CI log) gets this every few seconds instead of tqdm's bar
@@ -353,12 +366,13 @@ def main(argv=None) -> int:
     part = f", shard {args.shard} ({len(grid)} of the grid cases)" if args.shard.count > 1 else ""
     header = (f"# Nightly gate, {now} UTC\n\n"
               f"{device_name}, torch {torch.__version__}; {len(configs)} configs"
-              f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} (bf16, B=2, Hq=8, causal) and "
-              f"{len(sparse)} DSV4 sparse-decode configs, x {', '.join(DISTRIBUTIONS)} x {seeds} seed(s){part}.\n\n"
+              f"{' (CPU slice)' if reduced else ''} x layouts {', '.join(LAYOUTS)} x {', '.join(DTYPE_NAMES.values())} "
+              f"(B=2, Hq=8, causal) and {len(sparse)} DSV4 sparse-decode configs, x "
+              f"{'one of ' if reduced else ''}{', '.join(DISTRIBUTIONS)} x {seeds} seed(s){part}.\n\n"
               f"Command: python -m fmha.ci.nightly {' '.join(argv)}")
     shard = [args.shard.index, args.shard.count]
     # The whole night's runs, in every shard's journal: a merge names those no shard finished.
-    plan = [r.replace(gated=r.kernel in gated_names).to_json() for _, _, r in planned_runs(entries, seeds, whole)]
+    plan = [r.replace(gated=r.kernel in gated_names).to_json() for _, _, r in planned_runs(entries, seeds, whole, not reduced)]
     specs = {k.name: spec for k, spec in kernels}
     bound = args.run_timeout or RUN_TIMEOUT_S
     try:
@@ -371,7 +385,8 @@ def main(argv=None) -> int:
 
             records = [r.replace(gated=r.kernel in gated_names)
                        for r in run_gate(entries, args.fmha_device, seeds, grid, judge=isolated,
-                                         on_record=lambda r: runs.add(dict(record=r.to_json())), known=known)]
+                                         on_record=lambda r: runs.add(dict(record=r.to_json())), known=known,
+                                         every_distribution=not reduced)]
             status = _write(records, header, args.out, device_name, now, shard=shard, allow_no_runs=args.allow_no_runs)
             runs.add(dict(finished=True))  # results.json is this night's
             return status

@@ -14,7 +14,7 @@ import itertools
 
 import torch
 
-from fmha.contract import Problem
+from fmha.contract import DTYPE_NAMES, Problem
 
 HEAD_DIMS = (64, 128, 256, 512)
 QUERY_LENS = (1, 4, 32, 128)
@@ -44,9 +44,9 @@ def config_id(config: Problem) -> str:
     return f"hd{config.head_dim}-T{config.q_len}-S{config.kv_len}"
 
 
-def grid_id(config: Problem, layout: str) -> str:
-    """Reads as the case: hd512-T4-S640-mqa."""
-    return f"{config_id(config)}-{layout}"
+def grid_id(config: Problem, layout: str, dtype=torch.bfloat16) -> str:
+    """Reads as the case: hd512-T4-S640-mqa-bf16."""
+    return f"{config_id(config)}-{layout}-{DTYPE_NAMES[dtype]}"
 
 
 # DeepSeek-V4's sparse decode (contract v2): one K = V latent head of dim 512 in FlashMLA's

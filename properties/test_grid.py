@@ -24,9 +24,9 @@ def _slow_on_cpu(config, dtype) -> bool:
 
 
 def _params():
-    return [pytest.param(grid_problem(config, layout, dtype), id=f"{grid_id(config, layout)}-{name}",
+    return [pytest.param(grid_problem(config, layout, dtype), id=grid_id(config, layout, dtype),
                          marks=[pytest.mark.slow] if _slow_on_cpu(config, dtype) else [])
-            for config in GRID for layout in LAYOUTS for dtype, name in DTYPE_NAMES.items()]
+            for config in GRID for layout in LAYOUTS for dtype in DTYPE_NAMES]
 
 
 @pytest.mark.parametrize("problem", _params())

@@ -8,6 +8,7 @@ from html.parser import HTMLParser
 from xml.etree import ElementTree as ET
 
 import pytest
+import torch
 
 from fmha.ci.run_record import RunRecord
 
@@ -78,7 +79,12 @@ def test_the_gate_runs_both_grids_and_survives_a_kernel_that_raises(in_tmp_path,
     assert len(sparse) == 2 * 3 and all(r["outcome"] == "passed" and r["metrics"]["cos"] >= 0.999998
                                         for r in sparse), sparse
     raised = [r for r in records if r["outcome"] == "raised"]
-    assert raised and all(r["where"]["head_dim"] == 256 for r in raised) and len(raised) == 4 * 2 * 3  # 4 configs x 2 layouts
+    # 4 configs x 3 layouts x 3 dtypes, each in one distribution: the CPU slice's rotation
+    assert raised and all(r["where"]["head_dim"] == 256 for r in raised) and len(raised) == 4 * 3 * 3
+    dense = [r for r in records if r["where"]["layout"] != "dsv4-sparse"]
+    for key in ("layout", "dtype"):  # every layout and every dtype meets every distribution
+        met = {(r["where"][key] if key == "layout" else r["dtype"], r["where"]["distribution"]) for r in dense}
+        assert len(met) == 3 * 3, sorted(met)
     assert all("RuntimeError: no kernel for head dim 256 yet" in r["message"] for r in raised)
     assert all(r["outcome"] == "passed" for r in records if r["where"]["head_dim"] != 256)
     assert {r["where"]["head_dim"] for r in records} == {256, 512}
@@ -164,6 +170,27 @@ def test_an_output_of_nan_or_never_written_is_below_the_gate(tmp_path, monkeypat
     summary, failing = nightly.summarize(records, None, "# night")
     assert failing and "NaN or inf output elements" in summary and "unwritten output elements" in summary, summary
     assert all(report_html.worst_by_cell(t.runs)[("hd64 T=1", "S=128")] == 1.0 for t in nightly.tally(records).values())
+
+
+def test_a_gqa_head_mapping_bug_fails_the_gate_in_every_dtype_the_kernel_declares():
+    """The grid's GQA layout, in each declared dtype: a kernel reading KV head h % Hkv (right for
+    MHA and MQA) fails those runs alone; a dtype it does not declare is a skip with its reason."""
+    import dataclasses
+
+    from fmha.ci import nightly
+    from fmha.properties.grid import GRID
+    from fmha.regressions.selection import resolve_kernel
+
+    mutant = resolve_kernel("mutant:gqa-head-mapping")
+    kernel = dataclasses.replace(mutant, capabilities=dataclasses.replace(
+        mutant.capabilities_on("cpu"), dtypes=(torch.bfloat16, torch.float32)), device_capabilities={})
+    configs = [c for c in GRID if (c.head_dim, c.q_len, c.kv_len) == (64, 4, 128)]
+    records = nightly.run_gate([kernel], "cpu", 1, nightly.cases(configs, []), progress=False)
+    outcomes = {r.what: r.outcome for r in records}
+    assert outcomes == {f"hd64-T4-S128-{layout}-{dtype}": "skipped" if dtype == "fp16" else
+                        "failed" if layout == "gqa" else "passed"
+                        for layout in ("mha", "gqa", "mqa") for dtype in ("bf16", "fp16", "fp32")}, outcomes
+    assert all("dtype fp16 unsupported" in r.message for r in records if r.outcome == "skipped")
 
 
 REFUSING = textwrap.dedent('''
@@ -288,13 +315,14 @@ def test_the_gate_reads_the_ledger_a_known_failure_is_known_a_new_one_fails_a_fi
     monkeypatch.syspath_prepend(str(tmp_path))
     kernel = registry.resolve_kernel("blank_kernels:nan")
     configs = [c for c in GRID if (c.head_dim, c.q_len, c.kv_len) == (64, 1, 128)]
-    grid = nightly.cases(configs, [])  # its MHA case and its MQA case, both NaN
-    mha = KnownFailure(kernel.name, nightly.GATE_TEST, "NaN", "my#1", case="hd64-T1-S128-mha")
+    grid = nightly.cases(configs, [])  # its MHA, GQA and MQA cases in three dtypes, all NaN
+    mha = KnownFailure(kernel.name, nightly.GATE_TEST, "NaN", "my#1", case="hd64-T1-S128-mha-*")
     records = nightly.run_gate([kernel], "cpu", 1, grid, progress=False, known=(mha,))
     assert {r.what: r.outcome for r in records} == {
-        "hd64-T1-S128-mha": "known", "hd64-T1-S128-mqa": "failed"}, [(r.what, r.outcome) for r in records]
+        f"hd64-T1-S128-{layout}-{dtype}": "known" if layout == "mha" else "failed"
+        for layout in ("mha", "gqa", "mqa") for dtype in ("bf16", "fp16", "fp32")}, [(r.what, r.outcome) for r in records]
     summary, failing = nightly.summarize(records, None, "# night")
-    assert failing and "## Known failures (3 runs" in summary, summary  # the MQA case's failure is new
+    assert failing and "## Known failures (3 runs" in summary, summary  # the other layouts' failures are new
     every = KnownFailure(kernel.name, nightly.GATE_TEST, "NaN", "my#1", case="hd64-T1-S128-*")
     summary, failing = nightly.summarize(nightly.run_gate([kernel], "cpu", 1, grid, progress=False, known=(every,)),
                                          None, "# night")
