@@ -139,12 +139,14 @@ def measure(
     flushed = (x == 0) & ~bad & (O.abs() < below)
     x = torch.where(flushed, O, x)
 
+    # Norms and the dot over the values scaled to their largest: the squares of values near
+    # float64's least underflow (a sink that takes all but 1e-160 of every row's weight).
     diff = x - O
-    ref_norm = float(O.norm())
-    out_norm = float(x.norm())
-    err_norm = float(diff.norm())
+    scale = (float(torch.maximum(O.abs().max(), x.abs().max())) if O.numel() else 0.0) or 1.0  # 1: all zero
+    xs, Os = x / scale, O / scale
+    ref_norm, out_norm, err_norm = (scale * float(t.norm()) for t in (Os, xs, xs - Os))
     if ref_norm > 0:
-        cos = float((x * O).sum()) / max(ref_norm * out_norm, 1e-300)
+        cos = float((xs * Os).sum()) / max(float(Os.norm()) * float(xs.norm()), 1e-300)
         rel_l2 = err_norm / ref_norm
         magnitude = out_norm / ref_norm
         output_floor = float((O.to(dtype).double() - O).norm()) / ref_norm

@@ -211,6 +211,19 @@ def test_subnormal_results_flushed_to_zero_pass_and_normal_ones_fail():
     assert not verdict.passed and "(0, 2, 0" in verdict.message(), verdict.message()
 
 
+def test_an_output_near_float64s_least_value_returned_exactly_passes():
+    """A sink that takes all but 1e-160 of every row's weight (large logits): the oracle's output,
+    near 1e-160, is flushed by any kernel, and is returned as it is by a float64 one. Its elements'
+    products underflow float64 where their norms do not: the cosine was 0 for an exact answer."""
+    g = torch.Generator().manual_seed(0)
+    O = torch.randn(1, 1, 15, 304, dtype=torch.float64, generator=g) * 1e-160
+    for returned in (O.to(torch.bfloat16), torch.zeros_like(O, dtype=torch.bfloat16)):
+        verdict = judge(measure(returned, O))
+        assert verdict.passed and verdict.metrics.cos == pytest.approx(1.0, abs=1e-12), verdict.message()
+    wrong = torch.randn(1, 1, 15, 304, dtype=torch.float64, generator=g).to(torch.bfloat16)
+    assert not judge(measure(wrong, O)).passed
+
+
 def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
     """Attention over two key ranges, each rounded to bf16 as a kernel returns it, then merged
     (the split-and-merge law). Where the parts cancel (iota_v: parts near -0.6 and +1.4 merge
