@@ -61,9 +61,11 @@ def check_case(kernel: KernelEntry, case: Sample, device: str, symptoms: tuple[S
     """Run `kernel` on the case; return what failed (empty: the kernel passes)."""
     run = run_kernel(kernel, case.inputs(device))
     oracle = oracle_of(run.inputs)
-    verdict = judge_run(run, oracle=oracle, kernel=kernel)
+    # Before the verdict: a failing one reruns the kernel, which empties the oracle's answers.
     # Unwritten elements still hold the NaN poison: symptom checks skip non-finite values.
-    failures = verdict.failures + [f for check in symptoms if (f := check(run.o, oracle.o, case.problem))]
+    seen = [f for check in symptoms if (f := check(run.o, oracle.o, case.problem))]
+    verdict = judge_run(run, oracle=oracle, kernel=kernel)
+    failures = verdict.failures + seen
     return failures + [f"likely cause: {hint}" for hint in verdict.hints] if failures else []
 
 
