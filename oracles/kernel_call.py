@@ -100,7 +100,7 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None)
     before = _storages(call)
     result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
     _assert_unchanged(kernel, call, before)
-    o, lse = _unpack(kernel, inputs, result)
+    o, lse = outputs(kernel, inputs, result)
     if out is not None and o.data_ptr() != out.data_ptr():
         raise AssertionError(f"{kernel.name}: out= was given but the returned o is a different tensor")
     if out is not None:
@@ -139,7 +139,7 @@ def _assert_unchanged(kernel: KernelEntry, call: dict, before: dict) -> None:
                 f"its storage, the first at byte {first}; the contract's inputs are read-only)")
 
 
-def _unpack(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, torch.Tensor | None]:
+def outputs(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(o, lse) as the contract says, or an AssertionError saying what came back instead."""
     p = inputs.problem
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):

@@ -14,7 +14,7 @@ import torch
 from fmha.contract import KernelEntry
 from fmha.oracles import reference
 from fmha.oracles.check import judge_run, oracle_of
-from fmha.oracles.kernel_call import bitwise_difference, run_kernel
+from fmha.oracles.kernel_call import bitwise_difference, outputs, run_kernel
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.sample import Sample, sliced_with_poison
 from fmha.properties.law_record import assert_agrees, assert_bitwise, assert_same, law, unsigned_zeros, variant
@@ -73,14 +73,17 @@ def invisible_keys_do_not_leak(kernel, sample: Sample, device):
                     f"{kernel.name} {sample.id}: the {hidden} hidden keys and the storage past S = {poison}", x)
 
 
-def _masked_only(caps) -> str | None:
-    if "causal" in caps.requires:
-        return "declares causal calls only (requires causal): no call without a mask to permute the keys of"
-    return None
+def _masked_only(what: str):
+    """The reason a law that calls without a mask cannot be stated for a causal-only kernel."""
+    def unstatable(caps) -> str | None:
+        if "causal" in caps.requires:
+            return f"declares causal calls only (requires causal): no call without a mask to {what}"
+        return None
+    return unstatable
 
 
 @law(test="test_permuting_keys_and_values_together_changes_nothing", mutant="positional-bias",
-     unstatable=_masked_only)
+     unstatable=_masked_only("permute the keys of"))
 def key_permutation_invariant(kernel, sample: Sample, device):
     """Without a mask, permuting keys and values together changes nothing but rounding."""
     sample = variant(kernel, sample, device, causal=False, window=None)
@@ -190,7 +193,7 @@ def decode_row_equals_last_prefill_row(kernel, sample: Sample, device):
 
 
 @law(test="test_keys_split_anywhere_and_merged_equal_all_keys", mutant="max-merge",
-     operands="kernel+merge", needs=("lse", "sink"))
+     operands="kernel+merge", needs=("lse", "sink"), unstatable=_masked_only("split the keys of"))
 def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
     """Attention over keys split anywhere (an empty part included) and merged with the sink
     equals attention over all keys with the sink."""
@@ -204,7 +207,7 @@ def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
     empty = (torch.zeros(B, T, H, p.head_dim_v, dtype=p.dtype, device=device), torch.full((B, H, T), -math.inf, device=device))
     # An empty part as a kernel over no keys reports it. Every kernel call comes before any
     # float64 answer exists: nothing a kernel could find in the process gives it the answer.
-    parts = [kernel(x.q, k, v, scale=scale) if k.shape[1] else empty for k, v in halves]
+    parts = [outputs(kernel, x, kernel(x.q, k, v, scale=scale)) if k.shape[1] else empty for k, v in halves]
     o, lse = merge(parts, sink=x.sink)
     perfect_parts = []  # what an error-free kernel returns for each part
     for (k, v), part in zip(halves, parts):

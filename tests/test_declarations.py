@@ -44,6 +44,7 @@ DECLARATIONS = {
     "paged, causal only, bf16": Capabilities(requires=frozenset({"causal"}), dtypes=(torch.bfloat16,), **PAGED),
     "sparse fp8, pages of 64, top-k in 64s": Capabilities(block_sizes=(64,), topk_multiple_of=64, **SPARSE_FP8),
     "dense, one head-size pair": Capabilities(head_dims=(64,), split_head_dim_v=False),
+    "dense, causal only": Capabilities(requires=frozenset({"causal"})),
     # the README's two declarations
     "README flash_fwd": Capabilities(
         head_dims={torch.bfloat16: (64, 128, 256), torch.float32: (64, 128)}, dtypes=(torch.bfloat16, torch.float32),
