@@ -47,7 +47,7 @@ def judge_run(run: Run, oracle: Oracle | None = None, kernel: KernelEntry | None
         if kernel is not None:
             passes = lambda inputs: judge_run(run_kernel(kernel, inputs)).passed  # noqa: E731
             hints = nondeterminism(kernel, run) or hints + rerun_hints(passes, run, verdict)
-        verdict.hints += hints
+        verdict.hints = hints + verdict.hints  # evidence from the call leads; guesses from the metrics follow
     return verdict
 
 

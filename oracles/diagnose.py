@@ -16,18 +16,25 @@ Three kinds of evidence, tried in this order when a verdict fails:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from fmha.contract import DTYPE_NAMES, KernelEntry, Problem
 from fmha.oracles import reference
+from fmha.oracles.hazards import invisible_keys
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.kernel_call import Run, first_difference
 
 if TYPE_CHECKING:
     from fmha.oracles.oracle import Oracle
     from fmha.oracles.verdict import Verdict
+
+# A masked key this far above a row's visible ones leaves every weight the row sees below 2^-24
+# of the max's (exp(-16.6)): where a kernel's sum takes an epsilon, a clamp or (past 87.3, fp32's
+# least normal) underflow, those weights are gone.
+MASKED_MAX_GAP = 24 * math.log(2)
 
 
 def _top_left_causal(x: Inputs):
@@ -71,6 +78,13 @@ def _sixteen_bit_logits(x: Inputs):
     return torch.einsum("bhts,bshd->bthd", weights, v)
 
 
+def _interleaved_heads(x: Inputs):
+    """Query head h reading KV head h % Hkv: right for MHA and MQA, another head's keys in GQA."""
+    heads = torch.arange(x.problem.heads_q, device=x.k.device) % x.problem.heads_kv
+    k = x.k[:, :, heads]
+    return reference.attention(x.q, k, k if x.v is x.k else x.v[:, :, heads], **x.kwargs())[0]
+
+
 # description -> (applies to this sample?, wrong reference)
 MISTAKES: dict[str, tuple[Callable[[Inputs], bool], Callable[[Inputs], torch.Tensor]]] = {
     "top-left causal alignment (the contract is bottom-right: query row i sits at S - T + i; "
@@ -97,6 +111,10 @@ MISTAKES: dict[str, tuple[Callable[[Inputs], bool], Callable[[Inputs], torch.Ten
     "window one key too narrow": (
         lambda x: x.problem.window is not None and x.problem.window > 1,
         lambda x: _call(x, window=x.problem.window - 1),
+    ),
+    "query head h reading KV head h % Hkv (interleaved; the contract's is h // (Hq / Hkv), grouped)": (
+        lambda x: 1 < x.problem.heads_kv < x.problem.heads_q,
+        _interleaved_heads,
     ),
     "the output written head-major ((B, Hq, T, Dv) order into the (B, T, Hq, Dv) tensor)": (
         lambda x: x.problem.q_len > 1 and x.problem.heads_q > 1,
@@ -127,26 +145,45 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict) -> list[str]:
     """Likely causes of the failing `verdict` on `run`, each with its evidence, from the oracle
     (before any rerun of the kernel: the guard empties the oracle's answers before each call)."""
     x, floor = run.inputs, verdict.metrics.floor
+    unread = _nan_from_unread(run, oracle)
     if x.problem.source != "dense":  # the wrong references below are written for dense keys
-        return (_wrong_requests(run, oracle, floor) if x.problem.source == "paged" else []) + _lse_layout_and_sink(
-            run, oracle)
+        requests = _wrong_requests(run, oracle, floor) if x.problem.source == "paged" else []
+        return requests + unread + _lse_layout_and_sink(run, oracle)
     error = _rel_l2(run.o, oracle.o)
-    hints = []
+    x, matched = _unread_zeroed(x), []
     if error >= 4 * floor:  # else not wrong enough to tell one wrong reference from another
         for description, (applies, wrong_reference) in MISTAKES.items():
             if applies(x):
-                alternative = _rel_l2(run.o, wrong_reference(x))
-                if alternative < 0.25 * error and alternative < 10 * floor:
-                    hints.append(f"output matches {description}: rel-L2 {alternative:.3g} to that, "
-                                 f"{error:.3g} to the contract")
+                wrong = wrong_reference(x)
+                alternative = _rel_l2(run.o, wrong)
+                rounding = _rel_l2(wrong.to(x.problem.dtype), wrong)  # what returning that answer costs
+                if alternative < 0.25 * error and alternative < 10 * max(floor, rounding):
+                    matched.append(f"output matches {description}: rel-L2 {alternative:.3g} to that, "
+                                   f"{error:.3g} to the contract")
+    # an output a wrong reference reproduces is explained: the lost rows' gaps are then circumstance
+    lost = [] if matched else _max_before_mask(run, oracle)
+    hints = unread + lost + matched
     if not hints:
         for description, (applies, at_precision) in PRECISIONS.items():
             if applies(x.problem):
                 expected = _rel_l2(at_precision(x), oracle.o)
-                if expected > 2 * floor and expected / 3 <= error <= 16 * expected:
+                if 2 * floor < expected < 0.5 and expected / 3 <= error <= 16 * expected:
                     hints.append(f"error matches {description}: rel-L2 {error:.3g}; that precision alone gives "
                                  f"{expected:.3g}, the {DTYPE_NAMES[x.problem.dtype]} floor is {floor:.3g}")
-    return hints + _lse_layout_and_sink(run, oracle) + _lse_conventions(run, oracle)
+    return hints + _lse_layout_and_sink(run, oracle, sink_hint=not lost) + _lse_conventions(run, oracle)
+
+
+def _unread_zeroed(x: Inputs) -> Inputs:
+    """The dense call with the keys no row may read (left of every row's window) zeroed: they hold
+    the NaN poison, which a wrong reference would carry into every row (0 x NaN)."""
+    hidden = invisible_keys(x.problem.q_len, x.problem.kv_len, x.problem.window)
+    if not hidden:
+        return x
+    k = x.k.clone()
+    k[:, :hidden] = 0
+    v = k if x.v is x.k else x.v.clone()
+    v[:, :hidden] = 0
+    return x.with_tensors(k=k, v=v)
 
 
 def rerun_hints(passes: Callable[[Inputs], bool], run: Run, verdict: Verdict) -> list[str]:
@@ -159,6 +196,68 @@ def nondeterminism(kernel: KernelEntry, run: Run) -> list[str]:
     """Two identical calls that differ: a finding of its own, whatever else failed."""
     differ = first_difference(kernel, run.inputs)
     return [f"nondeterministic output: two identical calls differ: {differ}"] if differ else []
+
+
+def _nan_from_unread(run: Run, oracle: Oracle) -> list[str]:
+    """NaN in the output where the oracle is finite, while the keys or values hold NaN only
+    where no row may read them (the poison of keys left of every window, of cache slots past a
+    request's keys or outside its pages): the kernel took in what it must not read, most often
+    as a weight of 0 times NaN."""
+    x = run.inputs
+    bad = ~torch.isfinite(run.o) & torch.isfinite(oracle.o.to(run.o.device))
+    if not bad.any() or not any(t.is_floating_point() and not torch.isfinite(t).all() for t in (x.k, x.v)):
+        return []
+    if x.problem.source == "dense":
+        poisoned = int((~torch.isfinite(x.k) | ~torch.isfinite(x.v)).any(-1).any(-1).any(0).nonzero().max()) + 1
+        if poisoned > invisible_keys(x.problem.q_len, x.problem.kv_len, x.problem.window):
+            return []  # NaN a row may read: not the poison of unread keys
+        where = f"its first {poisoned} keys, left of every row's window,"
+    elif _left_of_a_window(x):
+        where = "the keys left of a request's window and the cache slots no request's keys occupy,"
+    else:
+        where = "the cache slots no request's keys occupy (past kv_lens, outside its pages),"
+    return [f"NaN in {int(bad.sum())} output element(s) where the oracle is finite, first at (b,t,h,d)="
+            f"{tuple(torch.nonzero(bad)[0].tolist())}, and the call holds NaN only in {where} which no row may "
+            "read: the kernel took them in, most often as a weight of 0 times NaN (0 x NaN = NaN); mask the "
+            "values (or skip those keys) rather than rely on a zero weight"]
+
+
+def _left_of_a_window(x: Inputs) -> bool:
+    """Some request of a paged call has keys left of every one of its rows' windows."""
+    if x.problem.window is None or x.problem.source != "paged":
+        return False
+    return any(invisible_keys(rows, keys, x.problem.window) for rows, keys in zip(*x.sample.request_lengths()) if rows)
+
+
+def _max_before_mask(run: Run, oracle: Oracle) -> list[str]:
+    """Rows whose answer is lost (an output row off by half its size or more, or an lse of -inf
+    where the oracle's is finite) in which keys the row must not see outscore
+    every key it sees, and the sink, by MASKED_MAX_GAP or more: a row max taken before the mask."""
+    x, p = run.inputs, run.inputs.problem
+    if not (p.causal or p.window is not None):
+        return []
+    # rows off by half their size or more (zeros, NaN, far too short) where the oracle's row is past
+    # the dtype's least normal
+    want = oracle.o.to(run.o.device)
+    off = (torch.nan_to_num(run.o.double(), nan=math.inf) - want).norm(dim=-1) >= 0.5 * want.norm(dim=-1)
+    lost = (off & (want.abs() >= torch.finfo(p.dtype).tiny).any(-1)).transpose(1, 2)  # (B, Hq, T), the lse's order
+    if run.lse is not None and run.lse.shape == oracle.lse.shape:
+        lost |= torch.isneginf(run.lse) & torch.isfinite(oracle.lse.to(run.lse.device))
+    if not lost.any():
+        return []
+    scores = reference.logits(x.q, x.k, x.sample.scale).nan_to_num(nan=float("-inf"))
+    visible = reference.visibility_mask(p.q_len, p.kv_len, p.causal, p.window, scores.device)
+    seen = scores.masked_fill(~visible, float("-inf")).amax(-1)
+    if x.sink is not None:  # the sink is a term every row sees
+        seen = torch.maximum(seen, x.sink.double().to(seen.device).view(1, -1, 1))
+    gap = scores.masked_fill(visible, float("-inf")).amax(-1) - seen
+    gap = gap[lost.to(gap.device)]
+    if not (gap > MASKED_MAX_GAP).all():
+        return []
+    return [f"the row max taken before the mask: in the {int(lost.sum())} row(s) whose answer is lost (first at "
+            f"(b,h,t)={tuple(torch.nonzero(lost)[0].tolist())}), keys the row must not see outscore every key it "
+            f"sees (and the sink) by {float(gap.min()):.3g} or more, so exp(s - max) leaves its weights below 2^-24 "
+            "(0 past 87.3); take the max over the keys the row sees"]
 
 
 def _wrong_requests(run: Run, oracle: Oracle, floor: float) -> list[str]:
@@ -185,16 +284,19 @@ def _wrong_requests(run: Run, oracle: Oracle, floor: float) -> list[str]:
                 f"{empty[0]}, which has no query rows (cu_seqlens_q[{empty[0]}] == cu_seqlens_q[{empty[0] + 1}]): a "
                 "launch that drops requests with no query rows gives the requests after them other requests' keys "
                 "(vLLM's decode launch did)"]
-    shared = _what_they_share(wrong, q_lens, kv_lens, x.problem.block_size)
+    shared = _what_they_share(wrong, q_lens, kv_lens, x.problem.block_size, x.problem.window)
     return [f"the wrong rows are those of requests {', '.join(map(str, wrong))} of {len(q_lens)} (query rows "
             f"{[q_lens[b] for b in wrong]}, keys {[kv_lens[b] for b in wrong]})"
             + (f"; they, and no request whose rows are right, {shared}" if shared else "")]
 
 
-def _what_they_share(wrong: list[int], q_lens, kv_lens, block_size: int | None) -> str:
-    """What the wrong requests have in common and the right ones do not, in words."""
+def _what_they_share(wrong: list[int], q_lens, kv_lens, block_size: int | None, window: int | None = None) -> str:
+    """What the wrong requests have in common and the right ones do not, in words (the most
+    specific first: keys left of a window are where a 0 x NaN leak comes from)."""
     right = [b for b, n in enumerate(q_lens) if n and b not in wrong]
     traits = {
+        f"have keys left of every row's window ({window} keys)":
+            lambda b: window is not None and invisible_keys(q_lens[b], kv_lens[b], window) > 0,
         "have no keys": lambda b: kv_lens[b] == 0,
         f"fill their last page exactly (keys a multiple of the block size {block_size})":
             lambda b: bool(block_size) and kv_lens[b] > 0 and kv_lens[b] % block_size == 0,
@@ -208,8 +310,9 @@ def _what_they_share(wrong: list[int], q_lens, kv_lens, block_size: int | None) 
     return " and ".join(found)
 
 
-def _lse_layout_and_sink(run: Run, oracle: Oracle) -> list[str]:
-    """An LSE written in (B, T, Hq) order, or -inf where a row sees no key but the sink."""
+def _lse_layout_and_sink(run: Run, oracle: Oracle, sink_hint: bool = True) -> list[str]:
+    """An LSE written in (B, T, Hq) order, or (with `sink_hint`: no other cause explains the lost
+    rows) -inf where a row sees no key but the sink."""
     if run.lse is None or run.lse.shape != oracle.lse.shape:
         return []
     lse, want, hints = run.lse.double(), oracle.lse.to(run.lse.device), []
@@ -219,7 +322,11 @@ def _lse_layout_and_sink(run: Run, oracle: Oracle) -> list[str]:
             (lse[rows] - transposed[rows]).abs().max()) < 1e-3 < float((lse[rows] - want[rows]).abs().max()):
         hints.append("lse is the contract's written in (B, T, Hq) order: the contract's lse is (B, Hq, T)")
     no_key = torch.isneginf(lse) & torch.isfinite(want)
-    if run.inputs.problem.sink and no_key.any():
+    p = run.inputs.problem
+    if p.source == "dense":  # rows that see a key have other reasons for a lost answer (_max_before_mask)
+        sees = reference.visibility_mask(p.q_len, p.kv_len, p.causal, p.window, lse.device).any(-1)
+        no_key &= ~sees
+    if sink_hint and p.sink and no_key.any():
         hints.append(f"lse is -inf in {int(no_key.sum())} row(s) (first at (b,h,t)="
                      f"{tuple(torch.nonzero(no_key)[0].tolist())}) where the contract's is finite: rows that see no "
                      "key, whose lse is the sink's logit; the sink left out where a row has no key")
