@@ -293,8 +293,9 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
 def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
     """The samples the laws of calls in sequence run first (their three calls each cost more than
     a family's whole set would): a window past 256 keys, fp16 sums past 65504, sizes' edges,
-    a ragged batch of requests without rows, without keys and with more rows than keys, a quantized
-    second scope beside a first in q's dtype."""
+    a ragged batch of requests without rows, without keys and with more rows than keys (without
+    ragged queries, requests with a full last page and a partial one), a quantized second scope
+    beside a first in q's dtype."""
     found = []
     if "dense" in caps.sources:
         found += [_dense(caps, torch.bfloat16, seed, q_len=2, kv_len=320, window=300),
@@ -304,6 +305,8 @@ def sequences(caps: Capabilities, seed: int = 0) -> list[Sample]:
         found += [s for s in sizes if s.problem.head_dim == 40][:1] + [s for s in sizes if s.problem.heads_q in (255, 257)]
     if {"paged", "ragged"} <= caps.sources:
         found.append(_paged(caps, torch.bfloat16, seed, ragged=True))
+    elif "paged" in caps.sources:  # a decode kernel's: a full last page beside a partial one
+        found.append(_paged(caps, torch.bfloat16, seed, ragged=False))
     if "two_scopes" in caps.sources and caps.unquantized_caches:  # a quantized second scope beside one in q's dtype
         found += _scopes_of_their_own(caps, seed)[1:2]
     return [hostile(s, caps) for s in found if s is not None]

@@ -67,16 +67,21 @@ def _query_lengths(draw, batch: int, upper: int, caps: Capabilities):
     return tuple(min(n, upper) for n in lengths)
 
 
-def _key_lengths(draw, q_lens, upper: int, caps: Capabilities, causal: bool):
+def _key_lengths(draw, q_lens, upper: int, caps: Capabilities, causal: bool, block_size: int):
     """Each request's keys, drawn with its query rows: all `upper` most often, else each request
-    at `upper`, at least its query rows (a prefill over its own keys) or anything (fewer keys
-    than rows, none), as far as the kernel declares it takes them."""
+    at `upper`, at least its query rows (a prefill over its own keys), on a page's edge (its last
+    page full, or one key past or short of it) or anything (fewer keys than rows, none), as far as
+    the kernel declares it takes them."""
     if draw(st.integers(0, 2)) < 2:
         return None
     fits = caps.q_len_at_most_kv_len or (causal and not caps.empty_rows)
     lengths = []
     for q in q_lens:
         choices = [st.just(upper), st.integers(min(q, upper), upper)]
+        edges = [n for page in range(block_size, upper + 1, block_size) for n in (page - 1, page, page + 1)
+                 if min(q, upper) <= n <= upper]
+        if edges:
+            choices.append(st.sampled_from(edges))
         if not fits:  # fewer keys than rows, or none at all: rows that see no key
             choices += [st.just(0), st.integers(0, upper)]
         lengths.append(draw(st.one_of(*choices)))
@@ -104,12 +109,15 @@ def paged_samples(draw, caps: Capabilities, device: str = "cpu", distributions=t
         layout = needed_layout or (_layout(draw, caps) if quantized else None)
         problem = draw(problems(_quantized(caps) if layout else caps, device))
         block_size = _block_size(draw, block_sizes, problem.kv_len)
+        if problem.kv_len >= block_size and draw(st.integers(0, 2)) == 0:  # the last page full, one draw in three
+            problem = problem.replace(kv_len=problem.kv_len - problem.kv_len % block_size)
         ragged = "ragged" in caps.sources and ("ragged" in needs or draw(st.booleans()))
         problem = problem.replace(source="paged", block_size=block_size, ragged=ragged)
         if layout:  # DeepSeek-V4's K = V cache, one KV head, paged
             problem = problem.replace(shared_kv=True, heads_kv=1, cache_layout=layout)
         q_lens = _query_lengths(draw, problem.batch, problem.q_len, caps) if ragged else None
-        kv_lens = _key_lengths(draw, q_lens or (problem.q_len,) * problem.batch, problem.kv_len, caps, problem.causal)
+        kv_lens = _key_lengths(draw, q_lens or (problem.q_len,) * problem.batch, problem.kv_len, caps, problem.causal,
+                               block_size)
         sample_fields = dict(kv_lens=kv_lens, q_lens=q_lens, shared_pages=True)
         sample_fields |= _cache_fields(draw) if layout else {}
     else:
