@@ -157,7 +157,8 @@ def pytest_runtest_teardown(item):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if call.when != "call" or not report.failed or item.config.stash[DEVICE] != "cuda":
+    # at teardown too: an error a kernel left behind asynchronously surfaces when the memory is given back
+    if call.when not in ("call", "teardown") or not report.failed or item.config.stash[DEVICE] != "cuda":
         return
     # The failure's traceback holds its tensors (an out-of-memory error would otherwise look
     # like a dead context to the probe): the report is written, let them go first.

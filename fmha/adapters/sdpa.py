@@ -14,6 +14,13 @@ Translation notes:
   head_dim=16, window=1, bf16) gives o NaN in all 16 elements, torch 2.13 CPU math and flash,
   2026-11-29; the math, efficient and cuDNN backends and Flex the same on an H200, torch 2.11,
   2026-12-01). The adapters pass only the keys some row sees (`conventions.keys_some_row_sees`).
+- storage: the CUDA backends take views whose storage offset and strides are multiples of 16
+  bytes and whose elements are their own; the contract allows any strides. On an H100 (the
+  device image's torch, 2026-12-07) flash, efficient and cuDNN faulted with "misaligned
+  address" on draws whose v shared elements across its dims (the process's CUDA context
+  lost), and efficient refused a key at an unaligned stride ("key is not correctly aligned").
+  The adapters pass such views as contiguous copies (`_as_cuda_sdpa_takes`), so the suite
+  judges the backends' arithmetic; calling them with such views directly crashes.
 """
 
 from __future__ import annotations
@@ -49,6 +56,19 @@ def _mask(q_len: int, kv_len: int, causal: bool, window: int | None, device) -> 
     return visible
 
 
+def _as_cuda_sdpa_takes(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a contiguous copy where its offset or a stride (past the last dim) is not a multiple
+    of 16 bytes, or its elements share memory (a dim's stride under what the dims inside it span)."""
+    if t.device.type != "cuda":
+        return t
+    size = t.element_size()
+    dims = sorted((stride, n) for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and stride > 0)
+    inner = [(1, t.shape[-1])] + dims
+    shared = any(outer < stride * n for (stride, n), (outer, _) in zip(inner, inner[1:]))
+    unaligned = t.storage_offset() * size % 16 or any(stride * size % 16 for stride, _ in dims)
+    return t.contiguous() if shared or unaligned else t
+
+
 def _heads_first(q, k, v):
     group = q.shape[2] // k.shape[2]
     if group > 1:
@@ -64,6 +84,7 @@ def _public_sdpa(backend: SDPBackend, entry_name: str):
         )
         scale, causal, window = plain_scalars(scale, causal, window)
         k, v = keys_some_row_sees(k, v, q.shape[1], window)  # SDPA's masked keys' values still enter P.V
+        q, k, v = (_as_cuda_sdpa_takes(t) for t in (q, k, v))
         if backend == SDPBackend.FLASH_ATTENTION and causal and window is None:
             # Imported here: torch.nn.attention.bias imports torch._dynamo (1-5 s in every process).
             from torch.nn.attention.bias import causal_lower_right
