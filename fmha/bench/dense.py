@@ -1,20 +1,26 @@
-"""Benchmark fmha's dense attention against the SDPA backends and FlexAttention (GPU only).
+"""Benchmark fmha's dense attention against the SDPA backends and FlexAttention, and your own
+kernel beside them.
 
-    python -m fmha.bench [--quick] [--sparse] [--only CONTENDER ...] [--clocks]
+    python -m fmha.bench [--quick] [--sparse] [--only CONTENDER ...] [--clocks] [--fmha-kernel module:attr ...]
 
 Times each kernel on the speed shapes of docs/contract.md and the grid's decode shapes (median of
 CUDA-graph replays, triton.testing.do_bench_cudagraph) and prints it next to the roofline
 floor max(FLOPs / matmul rate, bytes / copy bandwidth), with both ceilings measured in the
 same run. Alternatives get their inputs in their own layout (heads first; KV heads repeated
-where the backend has no GQA) outside the timed region, so only their kernels are timed.
+where the backend has no GQA) outside the timed region, so only their kernels are timed. A
+kernel of yours (`--fmha-kernel`, named as in pytest) is called as the contract calls it, on
+the shapes its capabilities declare, and gets the ratio columns: to the floor and to fmha.
+Without a GPU, `--quick` times one small decode shape on the CPU (wall clock, no floor): a smoke
+run that the plumbing works, not a performance figure.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -74,11 +80,16 @@ def measure_ceilings() -> tuple[float, float]:
     return 2 * n / t_copy, 2 * 8192**3 / t_mm
 
 
-def inputs(p: Problem):
-    g = torch.Generator(device="cuda").manual_seed(0)
+# The CPU smoke run's one shape: a decode small enough for the Triton interpreter.
+CPU_SMOKE = {"grid decode hd64 T1 S128 B2 H8": Problem(batch=2, q_len=1, kv_len=128, heads_q=8, heads_kv=8, head_dim=64,
+                                                       causal=True)}
+
+
+def inputs(p: Problem, device: str = "cuda"):
+    g = torch.Generator(device=device).manual_seed(0)
 
     def randn(*s):
-        return torch.randn(*s, generator=g, device="cuda", dtype=p.dtype)
+        return torch.randn(*s, generator=g, device=device, dtype=p.dtype)
     q = randn(p.batch, p.q_len, p.heads_q, p.head_dim)
     k = randn(p.batch, p.kv_len, p.heads_kv, p.head_dim)
     v = k if p.shared_kv else randn(p.batch, p.kv_len, p.heads_kv, p.head_dim_v)
@@ -88,8 +99,24 @@ def inputs(p: Problem):
 def _ours(p: Problem, q, k, v, implementation=None):
     from fmha import dispatch
 
-    out = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=q.dtype, device="cuda")
+    out = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=q.dtype, device=q.device)
     return lambda: dispatch.attention(q, k, v, causal=p.causal, out=out, implementation=implementation)
+
+
+def plugged(kernel):
+    """A contender for a kernel entry (yours, or any registered one): called as the contract calls
+    it, with out= where it declares it; a shape its capabilities do not declare is its cell's reason."""
+    from fmha.contract import NotSupportedError
+
+    def make(p: Problem, q, k, v):
+        reasons = kernel.not_supported_reasons(p, q.device.type)
+        if reasons:
+            raise NotSupportedError("; ".join(reasons))
+        if "out" not in kernel.capabilities_on(q.device.type).features:
+            return lambda: kernel(q, k, v, causal=p.causal)
+        out = torch.empty(p.batch, p.q_len, p.heads_q, p.head_dim_v, dtype=q.dtype, device=q.device)
+        return lambda: kernel(q, k, v, causal=p.causal, out=out)
+    return make
 
 
 def _sdpa(backend_name: str, p: Problem, q, k, v):
@@ -138,11 +165,19 @@ CONTENDERS = {
 
 def time_us(fn) -> float:
     fn()
+    if not torch.cuda.is_initialized():  # the CPU smoke run: wall clock, the median of a few calls
+        return 1e6 * statistics.median(_wall_seconds(fn) for _ in range(5))
     torch.cuda.synchronize()
     try:
         return do_bench_cudagraph(fn, rep=200, return_mode="median") * 1e3
     except Exception:  # some kernels cannot be captured; plain events then
         return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def _wall_seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 PEER = "FlashMLA"  # the best other kernel, where a bench has it: its column gets fmha's ratio to it
@@ -151,22 +186,32 @@ PEER = "FlashMLA"  # the best other kernel, where a bench has it: its column get
 def _ratio(ours: str, other) -> str:
     try:
         return f"{float(ours) / float(other):.2f}x"
-    except ValueError:  # a cell with no time
+    except (TypeError, ValueError):  # a cell with no time, or no floor (the CPU smoke run)
         return "—"
 
 
-def ours(contenders) -> str:
-    """The contender the ratio columns are about: fmha.attention, else the first of fmha's kernels
-    run (`--only "fmha, CUDA"`)."""
+def ours(contenders, yours=()) -> str:
+    """The contender the ratio columns are about: the first kernel of yours (`--fmha-kernel`), else
+    fmha.attention, else the first of fmha's kernels run (`--only "fmha, CUDA"`)."""
+    if yours:
+        return yours[0]
     return "fmha" if "fmha" in contenders else next((c for c in contenders if c.startswith("fmha")), "fmha")
 
 
-def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table, clock_table: Table | None = None) -> None:
+def peer(contenders, yours=()) -> str | None:
+    """The contender the second ratio column compares with: fmha for a kernel of yours, else the
+    best other kernel where a bench has it (PEER)."""
+    wanted = "fmha" if yours else PEER
+    return wanted if wanted in contenders else None
+
+
+def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table, clock_table: Table | None = None,
+          yours=()) -> None:
     """Time every contender on every shape into `table` (a contender that fails gets its error);
     with `clock_table`, the SM clock and power while each was timed into it."""
     from fmha.bench import clocks
 
-    mine = ours(contenders)
+    mine, other = ours(contenders, yours), peer(contenders, yours)
     device = clocks.device_id(torch.cuda.current_device()) if clock_table is not None else ""
     for shape_name, problem in shapes.items():
         floor = floor_us(problem)
@@ -182,30 +227,42 @@ def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table, c
                 cells[name] = f"— ({type(e).__name__}: {str(e).splitlines()[0][:60]})" if str(e) else "—"
             if sampler:
                 readings[name] = str(sampler.reading or "—")
-            torch.cuda.empty_cache()
+            _free_memory()
         if clock_table is not None:
             clock_table.add(shape_name, *readings.values())
         ratios = [_ratio(cells.get(mine, "—"), floor)]
-        if PEER in contenders:
-            ratios.append(_ratio(cells.get(mine, "—"), cells[PEER]))
-        table.add(shape_name, f"{floor:.1f}", *cells.values(), *ratios)
+        if other is not None:
+            ratios.append(_ratio(cells.get(mine, "—"), cells[other]))
+        table.add(shape_name, "—" if floor is None else f"{floor:.1f}", *cells.values(), *ratios)
         print(f"{shape_name}: {', '.join(f'{c} {v}' for c, v in cells.items())}", file=sys.stderr, flush=True)
         del inputs
+        _free_memory()
+
+
+def _free_memory() -> None:
+    if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from fmha.regressions.selection import command_line, parse, resolve_kernel
+
+    parser = command_line(__doc__, default_kernels="none: fmha's kernels and the peers alone")
     parser.add_argument("--quick", action="store_true", help="the four speed shapes only")
     parser.add_argument("--sparse", action="store_true",
                         help="DeepSeek-V4's sparse decode over FP8 caches instead (fmha.bench.sparse)")
     parser.add_argument("--only", action="append", default=[], help="contenders to run (default: all)")
     parser.add_argument("--clocks", action="store_true",
                         help="also the SM clock and power while each contender is timed (nvidia-smi; fmha.bench.clocks)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("fmha.bench needs a CUDA GPU", file=sys.stderr)
-        return 2
+    args = parse(parser, argv)
+    try:  # yours: timed beside the others on the shapes it declares
+        yours = {kernel.name: plugged(kernel) for kernel in map(resolve_kernel, args.fmha_kernel)}
+    except ValueError as e:
+        parser.error(str(e))
+    if args.fmha_device == "cpu":
+        if args.quick and not args.sparse and not args.clocks:
+            return _cpu_smoke(yours, args.only)
+        parser.error("times on a CUDA GPU (on the CPU, --quick times one small decode shape: a smoke run)")
     if args.clocks:
         from fmha.bench import clocks
 
@@ -224,18 +281,35 @@ def main(argv=None) -> int:
     else:
         shapes, every, make_inputs = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}, CONTENDERS, inputs
         work = flops, bytes_moved
-    contenders = {k: v for k, v in every.items() if not args.only or k in args.only}
-    mine = ours(contenders)
-    table = Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), f"{mine} / floor",
-                   *([f"{mine} / {PEER}"] if PEER in contenders else [])])
+    contenders = {**yours, **{k: v for k, v in every.items() if not args.only or k in args.only}}
+    table = _table(contenders, list(yours))
     clock_table = Table(["shape", *contenders]) if args.clocks else None
     _rows(shapes, contenders, make_inputs,
-          lambda p: max(work[0](p) / rate, work[1](p) / bandwidth) * 1e6, table, clock_table)
+          lambda p: max(work[0](p) / rate, work[1](p) / bandwidth) * 1e6, table, clock_table, list(yours))
     print(table.markdown())
     if clock_table is not None:
         print("\n# while each was timed (nvidia-smi every 50 ms): median SM clock, board power, the share of samples"
               " with a power or thermal limit holding the clock down")
         print(clock_table.markdown())
+    return 0
+
+
+def _table(contenders: dict, yours: list) -> Table:
+    mine, other = ours(contenders, yours), peer(contenders, yours)
+    return Table(["shape", "floor µs", *(f"{c} µs" for c in contenders), f"{mine} / floor",
+                  *([f"{mine} / {other}"] if other else [])])
+
+
+def _cpu_smoke(yours: dict, only: list) -> int:
+    """One small decode shape on the CPU, wall clock: fmha through the Triton interpreter, SDPA's
+    math backend and your kernels. It shows the command works; CPU times say nothing of a GPU's."""
+    everyone = {**yours, "fmha": _ours, "sdpa math": lambda *a: _sdpa("MATH", *a)}
+    contenders = {k: v for k, v in everyone.items() if k in yours or not only or k in only}
+    print(f"# fmha.bench --quick on the CPU, {datetime.date.today()}, torch {torch.__version__}: a smoke run, "
+          "wall clock (no floor: no ceilings measured)\n")
+    table = _table(contenders, list(yours))
+    _rows(CPU_SMOKE, contenders, lambda p: inputs(p, "cpu"), lambda p: None, table, yours=list(yours))
+    print(table.markdown())
     return 0
 
 
