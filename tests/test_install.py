@@ -7,6 +7,7 @@ one (a directory of links to them, never to this checkout's own editable fmha), 
 downloading torch again would take minutes.
 """
 
+import json
 import os
 import re
 import shlex
@@ -256,3 +257,55 @@ def test_an_honest_narrow_declaration_passes_and_bad_input_is_a_usage_error_from
         run = _run(["pytest", "--pyargs", "fmha", "--collect-only", "-q", "-p", "no:cacheprovider", *options], work, env)
         assert run.returncode == 4 and says in run.stderr, run.stdout[-2000:] + run.stderr[-2000:]
         assert "Traceback" not in run.stdout + run.stderr and "INTERNALERROR" not in run.stdout + run.stderr
+
+
+# Each planted bug's own cause, which must lead every failure of it that names a cause
+# (tests/planted_kernels.py): a bug given another bug's cause sends its author the wrong way.
+PLANTED_CAUSES = {
+    "gqa_interleaved": "query head h reading KV head h % Hkv",
+    "max_before_mask": "the row max taken before the mask",
+    "window_nan": "left of every row's window, which no row may read",
+    "full_last_page_empty": "fill their last page exactly",
+}
+# What the outputs unlike the declared ones fail with, by name, before any value is judged.
+PLANTED_NAMES = {
+    "lse_none": "declares lse (Capabilities.features) but returned (o, None)",
+    "lse_bf16": "torch.float32 (the contract's: log Z per row, natural log), got",
+}
+
+
+@pytest.mark.cpu_tier
+@pytest.mark.starts_first  # verify over eight kernels and a pytest session of two, from the wheel
+def test_a_kernel_authors_planted_bugs_fail_with_their_own_cause_and_the_correct_kernels_pass(installed):
+    """A new user's plain-torch kernels (a causal-only dense kernel and a decode kernel of one row
+    and pages of 16, each correct, and six bugs): the correct ones pass; the LSE mistakes fail by
+    name; each other bug's failures lead with its own cause; the decode kernel's last-page bug is
+    caught by at least three test functions."""
+    env, bin_dir, user = installed
+    env = _on_the_cpu(env)
+    work = user.parent / "first_hour"
+    work.mkdir()
+    shutil.copy(ROOT / "tests" / "planted_kernels.py", work)
+    kernels = ["causal_only", "decode", *PLANTED_CAUSES, *PLANTED_NAMES]
+    verify = _run([str(bin_dir / "python"), "-m", "fmha.ci.verify", "--json", "verify.json",
+                   *(f"--fmha-kernel=planted_kernels:{name}" for name in kernels)], work, env)
+    assert verify.returncode == 1, verify.stdout[-3000:] + verify.stderr[-3000:]
+    bad = {}
+    for record in json.loads((work / "verify.json").read_text())["results"]:
+        if record["outcome"] in ("failed", "raised"):
+            bad.setdefault(record["kernel"].removeprefix("planted_kernels:"), []).append(record["message"])
+    assert not bad.get("causal_only") and not bad.get("decode"), (bad.get("causal_only") or bad.get("decode"))[:3]
+    for name, said in PLANTED_NAMES.items():
+        assert bad.get(name) and all(said in message for message in bad[name]), (name, bad.get(name, [])[:3])
+    for name, cause in PLANTED_CAUSES.items():
+        caused = [m for m in bad.get(name, ()) if "likely cause: " in m]
+        assert caused, (name, bad.get(name, [])[:3])
+        wrong = [m for m in caused if cause not in m.split("likely cause: ")[1]]
+        assert not wrong, (name, wrong[:2])
+
+    tests = _run(["pytest", "--pyargs", "fmha", "-q", "-p", "no:cacheprovider", "--fmha-kernel=planted_kernels:decode",
+                  "--fmha-kernel=planted_kernels:full_last_page_empty"], work, env)
+    failed = [line for line in tests.stdout.splitlines() if line.startswith("FAILED")]
+    assert not [line for line in failed if "[planted_kernels:decode" in line], tests.stdout[-3000:]
+    functions = {re.sub(r"\[.*", "", line.split("::")[-1]) for line in failed}
+    assert tests.returncode == 1 and len(functions) >= 3, tests.stdout[-3000:]
