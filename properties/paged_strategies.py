@@ -78,10 +78,10 @@ def _key_lengths(draw, q_lens, upper: int, caps: Capabilities, causal: bool, blo
     lengths = []
     for q in q_lens:
         choices = [st.just(upper), st.integers(min(q, upper), upper)]
-        edges = [n for page in range(block_size, upper + 1, block_size) for n in (page - 1, page, page + 1)
-                 if min(q, upper) <= n <= upper]
-        if edges:
-            choices.append(st.sampled_from(edges))
+        if upper >= block_size:  # a page drawn, then its edge: no list of every page's edges per request
+            lowest = min(q, upper)
+            choices.append(st.tuples(st.integers(1, upper // block_size), st.sampled_from((-1, 0, 1))).map(
+                lambda edge, lowest=lowest: min(max(edge[0] * block_size + edge[1], lowest), upper)))
         if not fits:  # fewer keys than rows, or none at all: rows that see no key
             choices += [st.just(0), st.integers(0, upper)]
         lengths.append(draw(st.one_of(*choices)))

@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fmha.contract import Capabilities, KernelEntry
 from fmha.contract import NotSupportedError, check_attention_args, plain_scalars
+from fmha.contract.validation import overlaps_itself
 from fmha.adapters.conventions import keys_some_row_sees
 from fmha.kernels.torch_merge import add_sink
 
@@ -62,11 +63,8 @@ def _as_cuda_sdpa_takes(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cuda":
         return t
     size = t.element_size()
-    dims = sorted((stride, n) for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and stride > 0)
-    inner = [(1, t.shape[-1])] + dims
-    shared = any(outer < stride * n for (stride, n), (outer, _) in zip(inner, inner[1:]))
-    unaligned = t.storage_offset() * size % 16 or any(stride * size % 16 for stride, _ in dims)
-    return t.contiguous() if shared or unaligned else t
+    unaligned = t.storage_offset() * size % 16 or any(stride * size % 16 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+    return t.contiguous() if unaligned or overlaps_itself(t, broadcast=False) else t
 
 
 def _heads_first(q, k, v):

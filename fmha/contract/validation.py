@@ -92,7 +92,7 @@ def check_attention_args(
             fail(f"out: expected q's device {q.device}, got {out.device}")
         if out.numel() and out.stride(-1) != 1:
             fail(f"out: expected a contiguous last dim (stride 1), got strides {tuple(out.stride())}")
-        if _overlaps_itself(out):
+        if overlaps_itself(out):
             fail(f"out: expected each element its own memory (a kernel writes them all), got strides {tuple(out.stride())}")
         inputs = dict(q=q, k=k, v=v, sink=sink, extra_k_cache=extra_k_cache)
         shared = [name for name, t in inputs.items() if isinstance(t, torch.Tensor) and _share_memory(out, t)]
@@ -197,10 +197,10 @@ def plain_scalars(scale, causal, window) -> tuple[float | None, bool, int | None
         None if window is None else int(window))
 
 
-def _overlaps_itself(t: torch.Tensor) -> bool:
-    """Two of t's elements at one address (stride 0 included)."""
+def overlaps_itself(t: torch.Tensor, broadcast: bool = True) -> bool:
+    """Two of t's elements at one address (with `broadcast`, stride 0 included)."""
     span = 0  # what the dims inside span, from the innermost
-    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1 and (broadcast or s)):
         if stride <= span:  # stride 0 included
             return True
         span += (size - 1) * stride
