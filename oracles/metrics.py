@@ -144,9 +144,10 @@ def measure(
     diff = x - O
     scale = (float(torch.maximum(O.abs().max(), x.abs().max())) if O.numel() else 0.0) or 1.0  # 1: all zero
     xs, Os = x / scale, O / scale
-    ref_norm, out_norm, err_norm = (scale * float(t.norm()) for t in (Os, xs, xs - Os))
+    ref_scaled, out_scaled = float(Os.norm()), float(xs.norm())
+    ref_norm, out_norm, err_norm = scale * ref_scaled, scale * out_scaled, scale * float((xs - Os).norm())
     if ref_norm > 0:
-        cos = float((xs * Os).sum()) / max(float(Os.norm()) * float(xs.norm()), 1e-300)
+        cos = float((xs * Os).sum()) / max(ref_scaled * out_scaled, 1e-300)
         rel_l2 = err_norm / ref_norm
         magnitude = out_norm / ref_norm
         output_floor = float((O.to(dtype).double() - O).norm()) / ref_norm
