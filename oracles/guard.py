@@ -69,6 +69,8 @@ def answer(*tensors):
     for t in tensors:
         if isinstance(t, torch.Tensor):
             _ANSWERS.add(t)
+            if t._base is not None:  # a view's base holds its elements: emptied with it
+                _ANSWERS.add(t._base)
     return tensors[0] if len(tensors) == 1 else tensors
 
 

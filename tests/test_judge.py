@@ -361,3 +361,24 @@ def test_honest_kernels_with_workspaces_out_buffers_and_float64_pass():
     for seed in range(2):  # the same out= buffer twice: the caller asked for it to change
         x = DENSE.replace(seed=seed).inputs()
         assert kernel(x.q, x.k, x.v, out=out)[0] is out
+
+
+def test_a_ragged_answer_is_emptied_with_the_rows_its_view_is_made_of():
+    """A ragged call's oracle is a view (1, total_q, ...) of its rows (total_q, ...): emptying the
+    view alone left the rows for a kernel run while the oracle is alive (a failure's reruns) to find."""
+    import gc
+
+    from fmha.oracles.check import oracle_of
+
+    x = TRAPS["zero-query-request"].cases[0].inputs()
+    oracle = oracle_of(x)
+    rows = tuple(x.q.shape[:-1])
+    seen = []
+
+    def searching(q, k, v, **kwargs):
+        seen.extend(obj for obj in gc.get_objects() if type(obj) is torch.Tensor and obj.dtype == torch.float64
+                    and obj.dim() == 3 and tuple(obj.shape[:-1]) == rows)
+        return reference(q, k, v, **kwargs)
+
+    KernelEntry(name="searching", fn=searching, capabilities=CAPABILITIES)(x.q, x.k, x.v, **x.kwargs())
+    assert oracle.o.numel() == 0 and not seen, [tuple(t.shape) for t in seen]
