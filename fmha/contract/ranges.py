@@ -65,7 +65,7 @@ def values(size: Size, allowed: Sequence[int] | None = None) -> dict[str, int]:
         ends = {"min": allowed[0], "max": allowed[-1]}
         if len(allowed) > 1:
             ends |= {"min+1": allowed[1], "max-1": allowed[-2]}
-        inside = set(allowed).__contains__
+        inside = allowed.__contains__ if isinstance(allowed, range) else set(allowed).__contains__  # a range: O(1)
     else:
         ends = {"min": 1, "min+1": 2, "max-1": size.hi - 1, "max": size.hi}
         inside = lambda n: 1 <= n <= size.hi  # noqa: E731
