@@ -2,6 +2,8 @@
 
     python -m fmha.ci.judge_cost [--calls N]
 
+and what a judged call's replay costs in each of production's contexts (fmha.oracles.production).
+
 The guard (fmha.oracles.guard) runs in the kernel's process, around each call. The
 alternative keeps the oracle and the verdict out of the kernel's reach altogether: a judge
 process that remakes the inputs from the sample itself (so the kernel cannot change what is
@@ -21,9 +23,10 @@ import fmha.properties.catalog  # noqa: F401 -- the judge's modules, all importe
 import fmha.regressions.traps  # noqa: F401
 from fmha.contract import KernelEntry, Problem
 from fmha.contract import kernel as kernel_module
-from fmha.oracles import guard
+from fmha.oracles import guard, production, replay_child
 from fmha.oracles.check import judge_run
-from fmha.oracles.kernel_call import Run, run_kernel
+from fmha.oracles.kernel_call import Run, from_memory, run_kernel
+from fmha.regressions.traps import TRAPS
 from fmha.oracles.reference_kernel import CAPABILITIES, reference
 from fmha.oracles.sample import Sample
 
@@ -87,6 +90,33 @@ def main(argv=None) -> None:
           f"{torch.__version__}, {torch.get_num_threads()} threads.")
     requests.put(None)
     judge.join()
+    _replays(kernel, args.calls)
+
+
+def _replays(kernel: KernelEntry, calls: int) -> None:
+    """What a judged call's replay costs in each production context (the `reference` kernel's call
+    included, beside its guarded call alone), and the checks of outputs and torch's state."""
+    names = list(production.CONTEXTS)
+    print("\n| sample | a guarded call | " + " | ".join(f"replayed: {n}" for n in names)
+          + " | outputs from memory | torch's registrations (a test's end) |")
+    print("|---|---|" + "---|" * (len(names) + 2))
+    production.REPLAYS.children = 1 << 20
+    replay_child.child()  # its start (about 2 s, once a process) is not a call's cost
+    for name, sample in {**SAMPLES, "paged (a named case)": TRAPS["last-partial-page"].cases[0]}.items():
+        x = sample.inputs()
+        run = run_kernel(kernel, x)
+        call = _per_call(lambda: run_kernel(kernel, x), max(calls // 10, 5))
+        costs = []
+        for context in names:
+            def replayed(context=context):
+                made = production.CONTEXTS[context].replay(kernel, run, judge_run)
+                if isinstance(made, Run):
+                    production.same_answer(kernel, run, made, context, judge_run)
+            costs.append(_per_call(replayed, max(calls // 10, 5)))
+        memory = _per_call(lambda: (from_memory(run.o), from_memory(run.lse)), calls)
+        tables = _per_call(guard.registrations_changed, max(calls // 10, 5))
+        print(f"| {name} | {call:.2f} ms | " + " | ".join(f"{c:.2f} ms" for c in costs)
+              + f" | {memory:.3f} ms | {tables:.2f} ms |")
 
 
 if __name__ == "__main__":

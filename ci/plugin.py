@@ -34,7 +34,8 @@ import pytest
 from fmha.ci import progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
 from fmha.oracles import run_seed, threads
-from fmha.properties.run_settings import DEVICE, KERNEL_SPECS, RUN_SEED, register_profiles, reproduce_command
+from fmha.properties.run_settings import (DEVICE, KERNEL_SPECS, RUN_SEED, register_profiles, replay_settings,
+                                          reproduce_command)
 from fmha.regressions import selection
 
 register_profiles()
@@ -60,6 +61,7 @@ SUITE_PACKAGES = ("fmha.oracles", "fmha.properties", "fmha.regressions")
 KERNELS = pytest.StashKey[list]()
 MERGES = pytest.StashKey[list]()
 KNOWN_FAILURES = pytest.StashKey[tuple]()
+REPLAYS = pytest.StashKey[tuple]()  # the profile's run_settings.Budget
 QUARANTINE_TIMEOUT_S = 120  # the child's pytest-timeout: a case that hangs costs this, its compiles fit
 
 
@@ -74,6 +76,13 @@ def pytest_addoption(parser):
     group.addoption("--fmha-cases", action="append", default=[], metavar="DIR",
                     help="a directory of your own named cases (python -m fmha.regressions new ID --dir DIR), "
                          "run with fmha's (repeatable)")
+    group.addoption("--fmha-activations", default=None, metavar="FILE",
+                    help="q, k and v recorded from your model (torch.save({'q': q, 'k': k, 'v': v}), each (..., "
+                         "tokens, heads, dim)): the draws' `recorded` distribution samples them (default: the "
+                         "synthetic massive_activations)")
+    group.addoption("--fmha-replay-env", action="append", default=[], metavar="NAME",
+                    help="an environment variable your kernel is configured by (repeatable): judged calls replayed "
+                         "in a clean child process (whose environment is an allowlist) get it too")
     group.addoption("--fmha-seed", type=int, default=None, metavar="N",
                     help="the run's seed, which every sample's values are drawn from (default: $FMHA_SEED, else a "
                          "fresh one, printed in the header and in every rerun command); 0 draws the values of runs "
@@ -128,11 +137,20 @@ def pytest_configure(config):
             from fmha.regressions import traps
 
             traps.load_directories(str(config.invocation_params.dir / d) for d in config.getoption("--fmha-cases"))
+        if config.getoption("--fmha-activations"):
+            from fmha.oracles import distributions
+
+            distributions.load_recorded(str(config.invocation_params.dir / config.getoption("--fmha-activations")))
         if config.getoption("--fmha-kernel") or config.getoption("--fmha-merge"):
             _selection(config)  # a bad name is a usage error now, not a collection error later
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
     config.stash[KNOWN_FAILURES] = known
+    config.stash[REPLAYS] = replay_settings(config)
+    if config.getoption("--fmha-replay-env"):
+        from fmha.oracles import replay_child
+
+        replay_child.KERNELS_ENVIRONMENT.update(config.getoption("--fmha-replay-env"))
 
 
 def _suite_inside_fmha() -> bool:
@@ -156,6 +174,9 @@ def _selection(config) -> tuple[list[KernelEntry], list]:
         specs = config.getoption("--fmha-kernel")
         config.stash[KERNELS] = selection.kernels(specs, config.stash[DEVICE])
         config.stash[KERNEL_SPECS] = {k.name: spec for k, spec in zip(config.stash[KERNELS], specs)}
+        from fmha.oracles import replay_child
+
+        replay_child.SPECS.update({k.name: config.stash[KERNEL_SPECS].get(k.name, k.name) for k in config.stash[KERNELS]})
         merges = [selection.resolve_merge(s) for s in config.getoption("--fmha-merge")]
         config.stash[MERGES] = merges or list(registry.MERGES.values())
     return config.stash[KERNELS], config.stash[MERGES]
@@ -299,6 +320,10 @@ def pytest_runtest_setup(item):
     under_test = params.get("kernel", params.get("merge_kernel"))
     seed = item.config.stash[RUN_SEED]
     run_seed.use(seed if under_test is None else run_seed.for_kernel(seed, getattr(under_test, "name", under_test)))
+    if under_test is not None or "fmha.oracles.production" in sys.modules:  # a session of other tests imports none
+        from fmha.oracles import production
+
+        production.start_of_test(f"{seed}/{item.nodeid}", **item.config.stash[REPLAYS]._asdict())
 
 
 @pytest.hookimpl(wrapper=True)

@@ -9,6 +9,7 @@ the same bits on every machine.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -110,10 +111,86 @@ def large_v(g, q, k, v):
     return q, k, v * 3e4
 
 
+def massive_activations(g, q, k, v):
+    """What a language model's activations look like: a few outlier channels 20x the others in q
+    and k, the same channels and sign in every token (LLM.int8(), Dettmers et al. 2022: outlier
+    features up to 20x; KVQuant, Hooper et al. 2024: keys' outlier channels), and a first token
+    every query attends to, its value near zero (Sun et al. 2024, "Massive Activations in Large
+    Language Models"; Xiao et al. 2023, attention sinks), taking about 88% of each row's weight."""
+    B, S, H, D = k.shape
+    channels = torch.randperm(D, generator=g)[:max(1, D // 32)]
+    sign = torch.where(torch.rand(B, 1, H, len(channels), generator=g) < 0.5, -1.0, 1.0)
+    q, k, v = q.clone(), k.clone(), v.clone()
+    q[..., channels] *= 20
+    k[..., channels] = k[..., channels] + 20 * sign
+    direction = _unit(g, B, 1, H, D)
+    direction[..., channels] = 0
+    direction = direction / direction.norm(dim=-1, keepdim=True)
+    q = q + _per_query_head(direction, q) * D**0.5  # q . direction * scale = 1, the outliers aside
+    sink = direction * (math.log(S) + 3)  # e^3 S of weight against the others' e S
+    sink[..., channels] = k[..., channels].mean(1, keepdim=True)  # the outliers every key shares
+    k[:, :1] = sink
+    v[:, :1] = v[:, :1] * 0.01
+    return q, k, v
+
+
+# q, k and v recorded from a user's model (--fmha-activations FILE), each float32 (tokens, heads, dim).
+RECORDED: dict[str, torch.Tensor] = {}
+__judge_state__ = ("RECORDED",)  # fmha.oracles.guard: loaded by the session, not a part of what judges
+
+
+def load_recorded(path: str) -> None:
+    """Read `path` (torch.save of {"q": ..., "k": ..., "v": ...}, each (..., tokens, heads, dim)
+    from one layer of the model) for the `recorded` distribution; a ValueError saying what is
+    wrong with it otherwise."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- any unreadable file: one message
+        raise ValueError(f"--fmha-activations {path}: expected a file of torch.save({{'q': q, 'k': k, 'v': v}}), "
+                         f"could not read it ({type(e).__name__}: {e})") from e
+    if not isinstance(data, dict) or not {"q", "k", "v"} <= set(data):
+        raise ValueError(f"--fmha-activations {path}: expected a dict with tensors q, k and v, got "
+                         f"{sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    for name in ("q", "k", "v"):
+        t = data[name]
+        if not isinstance(t, torch.Tensor) or t.dim() < 3 or not t.is_floating_point() or not t.numel():
+            raise ValueError(f"--fmha-activations {path}: {name} should be a floating tensor (..., tokens, heads, "
+                             f"dim), got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"--fmha-activations {path}: {name} holds NaN or inf")
+        RECORDED[name] = t.float().reshape(-1, *t.shape[-2:])
+
+
+def recorded(g, q, k, v):
+    """The activations recorded from a user's model (--fmha-activations FILE): each request's keys
+    a run of consecutive tokens of the recording (from its first token half the time, where a
+    model's sink is), its queries the run's last tokens, heads and channels in order where the
+    shapes match and drawn where they do not. Without a recording, massive_activations."""
+    if not RECORDED:
+        return massive_activations(g, q, k, v)
+    tokens = RECORDED["k"].shape[0]
+    S = k.shape[1]
+    starts = [0 if torch.rand(1, generator=g) < 0.5 else int(torch.randint(max(tokens - S, 1), (1,), generator=g))
+              for _ in range(k.shape[0])]
+    return tuple(_from_recording(g, RECORDED[name], like, starts, S - like.shape[1])
+                 for name, like in (("q", q), ("k", k), ("v", v)))
+
+
+def _from_recording(g, recording: torch.Tensor, like: torch.Tensor, starts: list[int], skip: int) -> torch.Tensor:
+    """like's shape (B, L, H, D) filled from `recording` (tokens, heads, dim): request b's tokens
+    starts[b] + skip onwards (wrapping), heads and channels in order or drawn."""
+    B, L, H, D = like.shape
+    heads = torch.arange(H) % recording.shape[1]
+    channels = torch.arange(D) if D <= recording.shape[2] else torch.randint(recording.shape[2], (D,), generator=g)
+    rows = [recording[(start + skip + torch.arange(L)) % recording.shape[0]][:, heads][..., channels]
+            for start in starts]
+    return torch.stack(rows)
+
+
 DISTRIBUTIONS: dict[str, Callable] = {
     f.__name__: f
     for f in (
         normal, peaky, flat, constant_scores, large_logits, negative_logits, rising_max, outlier_key,
-        iota_v, upper_half_energy, split_halves_energy, large_v,
+        iota_v, upper_half_energy, split_halves_energy, large_v, massive_activations, recorded,
     )
 }

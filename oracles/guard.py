@@ -13,7 +13,14 @@ Around each call the guard makes sure that
   after each call every one is compared with the record, restored where it changed, and the
   call fails naming what changed;
 - **only plain tensors come back**: an output that is not exactly `torch.Tensor` (a subclass
-  whose storage holds something else) or not on q's device fails;
+  whose storage holds something else), not strided, a functional tensor, one with the negative
+  or conjugate bit (memory holding -o or conj(o) where torch shows o), or not on q's device
+  fails; what is judged is read from the output's storage (fmha.oracles.kernel_call.from_memory);
+- **torch is as the call found it**: a torch function or dispatch mode the call pushed and left
+  (every later torch call of the judge's would go through it) fails the call and is popped; the
+  dispatch tables of the operators the judge computes with are compared at the end of each test
+  that called a kernel (`end_of_test`): a kernel registered over one of them (torch.library)
+  fails it;
 - **outputs stay what was judged**: the bytes of each tensor a call returned are kept while it
   is alive and compared after every later call and at the end of the test (`end_of_test`).
 
@@ -28,11 +35,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import dataclasses
 import gc
 import inspect
 import itertools
 import operator
+import os
+import re
 import sys
 import types
 import weakref
@@ -49,7 +59,8 @@ JUDGE_MODULES = (
     "fmha.contract.cache_layouts", "fmha.contract.capabilities", "fmha.contract.problem",
     "fmha.oracles.check", "fmha.oracles.diagnose", "fmha.oracles.distributions", "fmha.oracles.guard",
     "fmha.oracles.hazards", "fmha.oracles.inputs", "fmha.oracles.kernel_call", "fmha.oracles.metrics",
-    "fmha.oracles.oracle", "fmha.oracles.paged_inputs", "fmha.oracles.quantization", "fmha.oracles.reference",
+    "fmha.oracles.oracle", "fmha.oracles.paged_inputs", "fmha.oracles.production", "fmha.oracles.replay_child",
+    "fmha.oracles.quantization", "fmha.oracles.reference",
     "fmha.oracles.reference_kernel", "fmha.oracles.sample", "fmha.oracles.verdict", "fmha.oracles.run_seed",
     "fmha.properties.law_record", "fmha.properties.dense_laws", "fmha.properties.paged_laws",
     "fmha.properties.covering", "fmha.properties.strategies", "fmha.properties.paged_strategies",
@@ -74,7 +85,8 @@ def answer(*tensors):
     return tensors[0] if len(tensors) == 1 else tensors
 
 
-def _release_answers() -> None:
+def release_answers() -> None:
+    """Empty every answer of the judge's still alive (what the guard does before each call)."""
     for t in list(_ANSWERS):  # those in garbage not yet collected (a failed test's frames) too
         t.set_()  # no elements: nothing of an answer's shape is left to find
     _ANSWERS.clear()
@@ -90,7 +102,7 @@ def _release_answers() -> None:
 
 # A judge module names the state it changes as it runs (`__judge_state__`): not a part of what
 # judges, so not recorded, wherever it is imported.
-__judge_state__ = ("_KEPT", "_LAST", "_CALLS", "_PROBES", "_READS", "_ANSWERS")
+__judge_state__ = ("_KEPT", "_LAST", "_CALLS", "_CALLS_CHECKED", "_PROBES", "_READS", "_ANSWERS", "_OPERATORS")
 _PROBES: dict[str, list] = {}  # module name -> its probes
 
 
@@ -257,6 +269,7 @@ def judge_changes() -> list[str]:
 _KEPT: list = []  # (weak reference to a returned tensor, its bytes, which call returned it)
 _LAST: list = []  # the last call's outputs, held to the end of the test (where a test's own references are gone)
 _CALLS = [0]
+_CALLS_CHECKED = [0]  # _CALLS when the registrations were last checked
 
 
 def _bytes_of(t: torch.Tensor, copy: bool = True) -> torch.Tensor:
@@ -300,11 +313,83 @@ def _forget_handed_in(args, kwargs) -> None:
 
 
 def end_of_test() -> list[str]:
-    """At the end of a test: the outputs its calls returned that changed since; forgets them."""
-    changed = _outputs_changed("after its last call")
+    """At the end of a test: the outputs its calls returned that changed since, and (after a test
+    that called a kernel) the operators the judge computes with that have another kernel
+    registered; forgets the outputs."""
+    called, _CALLS_CHECKED[0] = _CALLS[0] != _CALLS_CHECKED[0], _CALLS[0]
+    changed = _outputs_changed("after its last call") + (registrations_changed() if called else []) + _modes_left((0, 0))
     _KEPT.clear()
     _LAST.clear()
     return changed
+
+
+# -- torch's state --------------------------------------------------------------------------------
+
+# The aten operators one verdict computes with, recorded by a dispatch mode around the oracle and
+# the metrics (tests/test_production_context.py holds this list and the recording equal; recording
+# it here would cost each process the second torch's dispatch modes take to import) -> their
+# dispatch table when last found with no kernel from outside torch.
+_OPERATORS: dict[str, str] = dict.fromkeys(("aten::" + name for name in (
+    "_local_scalar_dense", "_to_copy", "_unsafe_view", "abs", "add.Tensor", "amax", "any", "any.dim", "arange",
+    "argmax", "bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_not", "bitwise_or.Tensor", "bmm", "cat",
+    "clamp", "clone", "div.Tensor", "eq.Scalar", "eq.Tensor", "exp", "expand", "frexp.Tensor", "full_like",
+    "gt.Scalar", "index.Tensor", "isinf", "isnan", "isneginf", "ldexp.Tensor", "le.Tensor",
+    "linalg_vector_norm", "logsumexp", "lt.Scalar", "lt.Tensor", "masked_fill.Scalar", "masked_select", "max",
+    "maximum", "mul.Tensor", "ne.Scalar", "ne.Tensor", "neg", "nonzero", "ones", "ones_like", "permute",
+    "pow.Tensor_Scalar", "scalar_tensor", "select.int", "slice.Tensor", "sqrt", "stack", "sub.Tensor", "sum",
+    "sum.dim_IntList", "transpose.int", "unsqueeze", "view", "where.self", "zeros_like",
+)), "")
+
+
+def registrations_changed() -> list[str]:
+    """The operators the judge computes with that have a kernel registered from outside torch
+    (through torch.library, or an extension's TORCH_LIBRARY_IMPL) for any dispatch key."""
+    changed = []
+    for op, clean in _OPERATORS.items():
+        table = torch._C._dispatch_dump_table(op)
+        if table == clean:
+            continue
+        foreign = [line for line in table.splitlines() if (where := _REGISTERED_AT.search(line))
+                   and not where.group(1).startswith(_TORCHS_OWN)
+                   and not any(part in where.group(1) for part in ("/aten/src/", "/torch/csrc/"))]
+        if foreign:
+            changed.append(f"the operator {op}, which the judge computes with, has a kernel registered from outside "
+                           f"torch ({'; '.join(foreign)[:200]}): the judge's arithmetic would run it")
+        else:
+            _OPERATORS[op] = table
+    return changed
+
+
+_REGISTERED_AT = re.compile(r"registered at (\S+)")
+_TORCHS_OWN = os.path.dirname(torch.__file__)
+
+
+@contextlib.contextmanager
+def plain_torch():
+    """A context in which torch calls reach torch's kernels: no torch function or dispatch mode,
+    no subclass's __torch_function__ or __torch_dispatch__ (what the judge computes under)."""
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        yield
+
+
+def _torch_modes(_functions=torch._C._len_torch_function_stack, _dispatches=torch._C._len_torch_dispatch_stack):
+    return _functions(), _dispatches()
+
+
+def _modes_left(before, _pop_function=torch._C._pop_torch_function_stack,
+                _pop_dispatch=torch._C._pop_torch_dispatch_stack) -> list[str]:
+    """The torch modes the call pushed and did not pop: popped, and named."""
+    functions, dispatches = _torch_modes()
+    left = []
+    for _ in range(functions - before[0]):
+        left.append(f"a torch function mode ({type(_pop_function()).__qualname__})")
+    for _ in range(dispatches - before[1]):
+        left.append(f"a torch dispatch mode ({type(_pop_dispatch(None)).__qualname__})")
+    problems = [f"the call left {what} active: every torch call after it (the judge's too) would go through it; "
+                "scope a mode to the call (`with mode:`)" for what in left]
+    if functions < before[0] or dispatches < before[1]:
+        problems.append("the call popped a torch mode its caller had pushed")
+    return problems
 
 
 def _not_plain(result, args) -> list[str]:
@@ -323,6 +408,13 @@ def _not_plain(result, args) -> list[str]:
         elif type(t) is not torch.Tensor:
             found.append(f"output {position} is a {type(t).__module__}.{type(t).__qualname__}, not a plain "
                          f"torch.Tensor (a subclass or wrapper: what its storage holds is not what torch sees)")
+        elif t.layout is not torch.strided or torch._is_functional_tensor(t):
+            found.append(f"output {position} is not a plain strided tensor ({t.layout}"
+                         f"{', functional' if t.layout is torch.strided else ''}): what torch shows is not its memory")
+        elif t.is_neg() or t.is_conj():
+            found.append(f"output {position} has the {'negative' if t.is_neg() else 'conjugate'} bit set: its memory "
+                         f"holds {'-o' if t.is_neg() else 'conj(o)'} where torch shows o; return the values themselves "
+                         "(.resolve_neg(), .resolve_conj())")
         elif q is not None and t.device != q.device:
             found.append(f"output {position} is on {t.device}, not on q's device {q.device}")
     return found
@@ -340,8 +432,9 @@ def guarded_call(entry, args, kwargs, _checked=(), _globals=None, _builtins=(), 
     _calls[0] += 1
     number = _calls[0]
     _globals["_record_new_modules"]()  # the judge as it is before the kernel first runs
-    _globals["_release_answers"]()
+    _globals["release_answers"]()
     _globals["_forget_handed_in"](args, kwargs)
+    modes = _globals["_torch_modes"]()
     _depth[0] = 1
     error = result = None
     try:
@@ -370,22 +463,24 @@ def guarded_call(entry, args, kwargs, _checked=(), _globals=None, _builtins=(), 
             _globals[name] = fn
             fn.__code__ = code
             fn.__defaults__ = defaults
-    problems = tampered + _globals["judge_changes"]()
+    problems = tampered + _globals["judge_changes"]() + _globals["_modes_left"](modes)
     if error is not None:
         if problems:
             raise AssertionError(f"{entry.name}: the judge refuses this call: " + "; ".join(problems)) from error
         raise error
-    problems += _globals["_outputs_changed"](f"during call {number} ({entry.name})")
-    problems += _globals["_not_plain"](result, args)
-    if problems:
-        raise AssertionError(f"{entry.name}: the judge refuses this call: " + "; ".join(problems))
-    _globals["_keep"](result, f"call {number} ({entry.name})")
+    with _globals["plain_torch"]():  # the outputs' bytes as memory holds them, whatever mode is active
+        problems += _globals["_outputs_changed"](f"during call {number} ({entry.name})")
+        problems += _globals["_not_plain"](result, args)
+        if problems:
+            raise AssertionError(f"{entry.name}: the judge refuses this call: " + "; ".join(problems))
+        _globals["_keep"](result, f"call {number} ({entry.name})")
     return result
 
 
-_GUARD_FUNCTIONS = ("_release_answers", "_forget_handed_in", "judge_changes", "_outputs_changed", "_not_plain", "_keep", "_broken",
+_GUARD_FUNCTIONS = ("release_answers", "_forget_handed_in", "judge_changes", "_outputs_changed", "_not_plain", "_keep", "_broken",
                     "_name_of", "_state", "_record_new_modules", "_record_module", "_record_value",
-                    "_record_fields", "_torch_probes", "_bytes_of", "end_of_test", "_reads", "_unchanged")
+                    "_record_fields", "_torch_probes", "_bytes_of", "end_of_test", "_reads", "_unchanged",
+                    "_torch_modes", "_modes_left", "plain_torch")
 _GUARD_BUILTINS = ("len", "isinstance", "getattr", "setattr", "delattr", "hasattr", "vars", "id", "type", "tuple",
                    "list", "dict", "zip", "any", "all", "str", "repr", "object", "BaseException", "AssertionError",
                    "RuntimeError", "enumerate", "range", "reversed", "next", "iter", "callable")

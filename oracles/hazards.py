@@ -456,6 +456,10 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in (
     Hazard("large-values", "the values' range", "|v| up to 1e5 (1e4 in fp16), sums near fp16's 65504", "magnitude",
            lambda p: not p.cache_layouts, _distribution("large_v"), _reset(distribution="normal"),
            "fp16-output-accumulator-overflow"),
+    Hazard("massive-activations", "the activations' shape", "outlier channels 20x the others in q and k, and a "
+           "first token taking ~88% of every row's weight with many keys of small weight beside it (as language "
+           "models' activations are)", "magnitude", lambda p: not p.cache_layouts,
+           _distribution("massive_activations"), _reset(distribution="normal"), "skip-far-tiles"),
     Hazard("scales-at-both-ends", "a quantized tile's ue8m0 scale", "keys scaled by 2^-96 and 2^96: scale codes "
            "near either end of the range", "magnitude", _quantized, _scales_at_both_ends,
            _reset(cache_exponent=0), "scale-exponent-clamped"),

@@ -15,7 +15,7 @@ import torch
 
 from fmha.contract import KernelEntry
 from fmha.contract.paged_validation import output_shape
-from fmha.oracles import guard  # noqa: F401 -- from here on every call of an entry is guarded
+from fmha.oracles import guard  # from here on every call of an entry is guarded
 from fmha.oracles.hazards import DRAWN
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.storage import lay_out, record, tally as tally_storage
@@ -61,11 +61,15 @@ def out_for(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
                         inputs.sample.storages.get("out", ""), record("out", p))
 
 
-def _assert_margins_kept(kernel: KernelEntry, buffer: torch.Tensor, out: torch.Tensor) -> None:
-    """Every element of out='s buffer that is not out's still holds the poison."""
+def _assert_margins_kept(kernel: KernelEntry, buffer: torch.Tensor, out: torch.Tensor,
+                         before: torch.Tensor | None = None) -> None:
+    """Every element of out='s buffer that is not out's still holds the poison (or, with
+    `before`, the bytes it held before the call)."""
     outside = torch.ones(buffer.numel(), dtype=torch.bool, device=buffer.device)
     outside.as_strided(out.shape, out.stride(), out.storage_offset()).fill_(False)
-    written = outside & ~still_poisoned(buffer)
+    kept = still_poisoned(buffer) if before is None else buffer.view(INT_VIEW[buffer.dtype]) == before.view(
+        INT_VIEW[buffer.dtype])
+    written = outside & ~kept
     if bool(written.any()):
         raise AssertionError(
             f"{kernel.name}: wrote outside out= ({int(written.sum())} of the {int(outside.sum())} elements of poison "
@@ -84,28 +88,37 @@ class Run:
     unwritten: torch.Tensor | None  # elements of out= still holding the poison
 
 
-def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None) -> Run:
+def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None, caller=None,
+               stale_out: torch.Tensor | None = None, counted: bool = True) -> Run:
     """Call the kernel per the contract; pass a poisoned out= when it supports out. Its inputs
-    are read-only: a kernel that changes any byte of their storage fails, naming the input."""
+    are read-only: a kernel that changes any byte of their storage fails, naming the input.
+    `caller` makes the call in place of the guarded entry (fmha.oracles.production's contexts);
+    with `stale_out`, out= and the buffer around it hold its values instead of the poison; a call
+    not `counted` (a replay) adds nothing to the run's tallies of hazards and storage."""
     if use_out is None:
         use_out = "out" in kernel.capabilities_on(inputs.q.device.type).features
     kwargs = inputs.kwargs()
-    out = None
+    out = before = None
     if use_out:
         buffer, out = out_for(inputs)
+        if stale_out is not None:
+            values = stale_out.reshape(-1)
+            buffer.copy_(values.repeat(buffer.numel() // values.numel() + 1)[:buffer.numel()].flip(0))
+            before = buffer.clone()
         kwargs["out"] = out
-        DRAWN["poison-around-out"] += 1
+        DRAWN["poison-around-out"] += counted
     call = {"q": inputs.q, "k": inputs.k, "v": inputs.v, **kwargs}
-    tally_storage(call, inputs.problem)
-    before = _storages(call)
-    result = kernel(inputs.q, inputs.k, inputs.v, **kwargs)
-    _assert_unchanged(kernel, call, before)
+    if counted:
+        tally_storage(call, inputs.problem)
+    before_inputs = _storages(call)
+    result = (caller or kernel)(inputs.q, inputs.k, inputs.v, **kwargs)
+    _assert_unchanged(kernel, call, before_inputs)
     o, lse = outputs(kernel, inputs, result)
     if out is not None and o.data_ptr() != out.data_ptr():
         raise AssertionError(f"{kernel.name}: out= was given but the returned o is a different tensor")
     if out is not None:
-        _assert_margins_kept(kernel, buffer, out)
-    unwritten = still_poisoned(o) if out is not None else None
+        _assert_margins_kept(kernel, buffer, out, before)
+    unwritten = still_poisoned(o) if out is not None and before is None else None
     return Run(inputs, o, lse, unwritten)
 
 
@@ -156,7 +169,15 @@ def outputs(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, 
                             or lse.dtype != torch.float32):
         raise AssertionError(f"{kernel.name}: lse should be {lse_shape} torch.float32 (the contract's: log Z per "
                              f"row, natural log), got {_described(lse)}")
-    return o, lse
+    return from_memory(o), None if lse is None else from_memory(lse)
+
+
+def from_memory(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor over t's storage, with t's shape, strides and offset: what is judged is
+    what the memory holds, whatever bit, mode or wrapper stood between torch and it."""
+    with guard.plain_torch():
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                                   t.stride())
 
 
 def _described(value) -> str:

@@ -287,6 +287,8 @@ def skeletons(caps: Capabilities, seed: int = 0) -> list[Sample]:
                       # a few keys a row at scales toward the top: each code's decoding shows in the LSE
                       _sparse(caps, None, seed, "dsv4-fp8", "dsv4-fp4", two_scopes=True, exponent=96, few_keys=True)]
             found += _scopes_of_their_own(caps, seed)
+    if "dense" in caps.sources:  # a sink token and outlier channels over a few full tiles of keys
+        found.append(_dense(caps, torch.bfloat16, seed, "massive_activations", q_len=2, kv_len=320, window=None))
     return [hostile(s, caps) for s in found if s is not None]
 
 

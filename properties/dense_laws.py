@@ -12,7 +12,7 @@ import math
 import torch
 
 from fmha.contract import KernelEntry
-from fmha.oracles import reference
+from fmha.oracles import production, reference
 from fmha.oracles.check import judge_run, oracle_of
 from fmha.oracles.kernel_call import bitwise_difference, outputs, run_kernel
 from fmha.oracles.inputs import Inputs
@@ -47,6 +47,22 @@ def calls_in_sequence_agree(kernel, sample: Sample, device):
         verdict = judge_run(run, kernel=kernel)
         assert verdict.passed, verdict.message(f"{kernel.name} {drawn.id}: {what}")
         del run
+
+
+@law(test="test_a_call_late_in_a_long_process_gives_the_same_answer", mutant="breaks-after-many-calls")
+def late_in_a_long_process(kernel, sample: Sample, device):
+    """A call made again after the process has made thousands (at least 2^12 on the CPU tier,
+    2^10 on a GPU, 2^17 in the nightly: the profile's count, plus a part drawn per run) gives the same answer: a
+    plan cache evicted, a counter wrapping or a buffer recycled after many calls fails."""
+    x = sample.inputs(device)
+    first = run_kernel(kernel, x)
+    calls = production.REPLAYS.soak + sample.values_seed % (production.REPLAYS.soak // 4)
+    made = production.soak(kernel, x, calls)
+    with production.replaying_in():  # the soak is this law's context: a replay of the first call would be its 2^12th
+        for what, run in (("its first call", first),
+                          (f"the call again after {made} more calls ({calls} soaked in all)", run_kernel(kernel, x))):
+            verdict = judge_run(run)  # one line for both: a kernel already worn out fails here as one worn by the soak
+            assert verdict.passed, verdict.message(f"{kernel.name} {sample.id}: {what}")
 
 
 def one_request_more(sample: Sample) -> Sample:

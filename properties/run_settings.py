@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from typing import NamedTuple
 
 import pytest
 
@@ -21,7 +22,7 @@ RUN_SEED = pytest.StashKey[int]()  # the run's seed: --fmha-seed, else a fresh o
 KERNEL_SPECS = pytest.StashKey[dict]()
 
 # Options a rerun of one test needs, as given to this session.
-_RERUN_OPTIONS = ("--fmha-device", "--fmha-known-failures", "--hypothesis-profile")
+_RERUN_OPTIONS = ("--fmha-device", "--fmha-known-failures", "--fmha-activations", "--hypothesis-profile")
 
 
 def register_profiles() -> None:
@@ -49,6 +50,42 @@ register_profiles()
 
 
 
+class Budget(NamedTuple):
+    """A profile's replays of judged calls in production's contexts (fmha.oracles.production)."""
+
+    twins: int  # a test's first poisoned calls twinned with stale values
+    share: float  # of the tests that replay their first judged call in another context too
+    children: int  # child-process replays a process may make (a child starts once, about 2 s)
+    soak: int  # calls before the soak law's call is made again (fmha.properties.dense_laws)
+
+
+# Per profile, the judged calls replayed in production's contexts (fmha.oracles.production.Budget):
+# a test's poisoned calls twinned with stale values, the share of tests that replay a call in
+# another context too, the replays in a clean child process each process may make, and the calls
+# the soak law makes before it calls again. The CI profile's share keeps the replays' cost within
+# what BENCHMARKS.md ("Judged where production calls") shows; the nightly replays every test.
+REPLAYS = {"fmha-dev": Budget(twins=1, share=1 / 16, children=16, soak=1 << 12),
+           "fmha-ci": Budget(twins=1, share=1 / 16, children=16, soak=1 << 12),
+           "fmha-triage": Budget(twins=1, share=1 / 16, children=16, soak=1 << 12),
+           "fmha-nightly": Budget(twins=3, share=1.0, children=1024, soak=1 << 17)}
+
+
+# The soak's calls on a GPU outside the nightly, of the profile's: a cheap call of an SDPA backend
+# costs 11-17 ms there (an H100, 2026-12-07), 2^12 of them 47-69 s of the GPU job's bound.
+GPU_SOAK_SHARE = 1 / 4
+
+
+def replay_settings(config) -> Budget:
+    """The replays of the profile the laws run under; the nightly's with --fmha-nightly."""
+    if config.getoption("--fmha-nightly", False):
+        return REPLAYS["fmha-nightly"]
+    profile = config.getoption("hypothesis_profile", None) or ("fmha-ci" if os.environ.get("CI") else "fmha-dev")
+    budget = REPLAYS.get(profile, REPLAYS["fmha-dev"])
+    if config.stash.get(DEVICE, "cpu") == "cuda":
+        budget = budget._replace(soak=int(budget.soak * GPU_SOAK_SHARE))
+    return budget
+
+
 def law_settings(config):
     """The hypothesis settings the laws run under: those of --hypothesis-profile when given,
     else fmha-ci under CI and fmha-dev elsewhere."""
@@ -74,9 +111,12 @@ def reproduce_command(item) -> str:
     for option in _RERUN_OPTIONS:
         value = config.getoption(option, None) if option != "--fmha-device" else config.stash[DEVICE]
         if value:
-            args += [option, os.path.abspath(value) if option == "--fmha-known-failures" else value]
+            args += [option, os.path.abspath(value) if option in ("--fmha-known-failures", "--fmha-activations")
+                     else value]
     for directory in config.getoption("--fmha-cases", None) or ():
         args += ["--fmha-cases", directory]
+    for name in config.getoption("--fmha-replay-env", None) or ():
+        args += ["--fmha-replay-env", name]
     return shlex.join(args)
 
 

@@ -32,7 +32,9 @@ BUGS = {
     "top_left": "top-left causal alignment",
     "sink_added_not_exp": "sink added, not exp(sink)",
     "window_capped": "window capped at 256 keys",
+    "skip_far_tiles": "a full tile of 64 keys whose max logit is 4 below the running max skipped",
 }
+SKIP_TILE, SKIP_GAP = 64, 4.0  # skip_far_tiles: a "skip softmax" threshold tuned on activations without a sink
 _calls = itertools.count()
 
 
@@ -77,6 +79,8 @@ def _eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=Non
     if bug != "nan_leak":  # keys nobody sees are dropped, not multiplied by a zero weight
         values = torch.where(visible.any(0)[None, :, None, None], values, 0.0)
     s = s.masked_fill(~visible, -math.inf)
+    if bug == "skip_far_tiles":  # FA-style pass over key tiles, skipping those it thinks weigh nothing
+        s = _far_tiles_skipped(s)
     m = s.amax(dim=(0, -1) if bug == "batch_max" else -1, keepdim=True)
     if sink is not None:
         m = torch.maximum(m, sink.view(1, -1, 1, 1))
@@ -96,6 +100,19 @@ def _eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=Non
 
 
 PROMISING = Capabilities(promises=frozenset({"bitwise_deterministic", "batch_invariant"}))
+
+
+def _far_tiles_skipped(s: torch.Tensor) -> torch.Tensor:
+    """s with every full key tile whose max is SKIP_GAP below the max of the tiles before it set to
+    -inf: what rows with a sink token and many keys of small weights lose."""
+    s = s.clone()
+    running = s[..., :SKIP_TILE].amax(-1)
+    for start in range(SKIP_TILE, s.shape[-1] - SKIP_TILE + 1, SKIP_TILE):
+        tile = s[..., start:start + SKIP_TILE]
+        top = tile.amax(-1)
+        tile.masked_fill_((top < running - SKIP_GAP)[..., None], -math.inf)
+        running = torch.maximum(running, top)
+    return s
 
 
 def eager_kernel(bug: str | None, capabilities: Capabilities = PROMISING) -> KernelEntry:

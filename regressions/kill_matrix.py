@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from fmha.contract import KernelEntry, MergeEntry
-from fmha.oracles import check
+from fmha.oracles import check, production, run_seed
 from fmha.properties.catalog import LAWS
 from fmha.properties.test_agreement import SAMPLES as FEATURE_SAMPLES
 from fmha.registry import MERGES
@@ -63,11 +63,20 @@ def matrix_mutants() -> dict[str, Mutant]:
     return rows
 
 
+def _as_in_ci(test: str) -> None:
+    """Test `test` starts as CI's profile starts it: its judged calls replayed as pytest's would
+    be (fmha.oracles.production)."""
+    from fmha.properties.run_settings import REPLAYS
+
+    production.start_of_test(f"{run_seed.current()}/{test}", **REPLAYS["fmha-ci"]._asdict())
+
+
 def case_failures(mutant: Mutant, trap: Trap, index: int, device: str) -> list[str]:
     """How the mutant fails case `index` of `trap` (empty: it passes). An exception counts."""
     if mutant.isolate:
         return check_case_isolated(f"mutant:{mutant.name}", trap.id, index, device)
     kernel = mutant.kernel()  # a mutant that cannot be built is an error, never a catch
+    _as_in_ci(f"{trap.id}/{index}")
     try:
         return check_case(kernel, trap.cases[index], device, trap.symptoms)
     except Exception as e:  # noqa: BLE001 -- a kernel that raises is caught by the case
@@ -97,6 +106,7 @@ def law_failure(entry, law, device: str, max_examples: int | None = None) -> str
         law.require(kernel, device)
     except pytest.skip.Exception as e:
         return f"n/a: {e.msg}"
+    _as_in_ci(law.test)
     try:
         law.run(device, kernel, merge, settings=ci_settings(max_examples))
     except pytest.skip.Exception:
@@ -119,6 +129,7 @@ def agreement_failure(kernel: KernelEntry, samples, device: str) -> str | None:
     for s in samples:
         if kernel.not_supported_reasons(s.problem, device):
             continue
+        _as_in_ci(s.id)
         try:
             verdict = check.check_sample(kernel, s, device)
         except Exception as e:  # noqa: BLE001

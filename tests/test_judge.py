@@ -153,7 +153,8 @@ def test_a_kernel_that_answers_from_a_recording_of_another_run_fails_most_tests(
     monkeypatch.setenv("FMHA_RECORDING", str(tmp_path))
     pytester.makepyfile(recording=RECORDING)
     selection = ("--pyargs", "fmha.properties", "fmha.regressions", "-p", "no:cacheprovider", "--fmha-device=cpu",
-                 "--fmha-kernel=recording:attention", "--hypothesis-profile=fmha-triage", "-k",
+                 "--fmha-kernel=recording:attention", "--hypothesis-profile=fmha-triage", "--fmha-replay-env=FMHA_MODE",
+                 "--fmha-replay-env=FMHA_RECORDING", "-k",
                  "matches_oracle and hd64 and bf16 and T1")
 
     def run(mode, seed):

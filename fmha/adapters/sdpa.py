@@ -140,9 +140,12 @@ CPU_FLASH = Capabilities(
     devices=("cpu",),
     features=frozenset({"causal", "window", "sink", "lse", "gqa", "shared_kv"}),
     empty_rows=False,
+    empty_query_requests=False,
     split_head_dim_v=False,
     notes={
         "head_dim_v": "the CPU flash kernel needs Q/K/V of one head size",
+        "empty_query_requests": "CPU flash kills the process (SIGFPE) on a call with no query rows (measured, torch "
+                                "2.13: q of shape (1, 0, 2, 64))",
         "empty_rows": "CPU flash returns lse = 0, not -inf, for a row with no visible key (measured, torch 2.13)",
         "out": "the adapter does not take out=",
     },
