@@ -21,7 +21,8 @@ verdict. One record per context (`CONTEXTS`):
 Each test twins its first poisoned calls (`twins`: every paged law and named case is
 twinned in every run); a share of the tests (`share`, drawn from the run's seed and the
 test's id, so a rerun replays the same) also replays a judged call in one of the other
-contexts, taken in turn (`child` as often as `children` lets a process). The fmha plug-in
+contexts, the first tried drawn the same way (`child` as often as `children` lets a process), and each kernel's
+first judged call of a process not twinned is replayed in the cheap ones. The fmha plug-in
 sets them from the profile (fmha.properties.run_settings.REPLAYS). The soak (a call made
 again after many cheap calls) is a law of its own (`late_in_a_long_process`,
 properties/dense_laws.py).
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import itertools
 import random
 import weakref
 from dataclasses import dataclass, field
@@ -55,7 +55,8 @@ class Replays:
     others: int = 0  # this test's
     only: tuple[str, ...] = ()  # every judged call replayed in each of these (`replaying_in`)
     made: dict = field(default_factory=dict)  # this test's replayed calls -> their context
-    turn: itertools.count = field(default_factory=itertools.count)
+    met: set = field(default_factory=set)  # the kernels whose first judged call this process replayed
+    first: int = 0  # this test's first other context, drawn (an index of the others, rotated)
 
 
 REPLAYS = Replays()
@@ -68,8 +69,10 @@ def start_of_test(test: str, twins: int, share: float, children: int, soak: int)
     call (the first not twinned) to replay in another context; the process's child replays are
     set to `children` the first time; the soak law soaks `soak` calls
     (fmha.properties.run_settings.Budget)."""
+    draw = random.Random(test)
     REPLAYS.twins = twins
-    REPLAYS.others = int(random.Random(test).random() < share)
+    REPLAYS.others = int(draw.random() < share)
+    REPLAYS.first = draw.randrange(1 << 16)
     REPLAYS.made.clear()
     REPLAYS.soak = soak
     if REPLAYS.children is None:
@@ -153,10 +156,15 @@ CONTEXTS = {c.name: c for c in (
 )}
 
 
+# The contexts each kernel's first judged call of a process is replayed in, whatever the share: the
+# cheap ones (a child process costs its start, in every nested session too).
+EVERY_KERNEL = ("thread", "out-reused")
+
+
 def replay(kernel: KernelEntry, run: Run, judge: Callable) -> None:
     """Replay a judged, passing call as this test's budget says: twinned with stale values while
-    the test has twins left and the call holds poison, else in the next other context while it
-    has replays there left. Raises an AssertionError naming the context where the answer is not
+    the test has twins left and the call holds poison; else, a kernel's first in this process, in
+    each of EVERY_KERNEL; else in the next other context while the test has replays there left. Raises an AssertionError naming the context where the answer is not
     the same. `judge` gives a run's verdict (fmha.oracles.check.judge_run, which calls this)."""
     if REPLAYS.only:
         for name in filter(None, REPLAYS.only):
@@ -174,11 +182,17 @@ def replay(kernel: KernelEntry, run: Run, judge: Callable) -> None:
             REPLAYS.twins -= 1
             return
         del REPLAYS.made[call]
+    if kernel.name not in REPLAYS.met:  # every kernel's first call, on a fresh thread and beside its out=
+        REPLAYS.met.add(kernel.name)
+        for name in EVERY_KERNEL:
+            REPLAYS.made[call] = name
+            _replayed_in(name, kernel, run, judge)
+        return
     if REPLAYS.others <= 0:
         return
     REPLAYS.others -= 1
     others = [name for name in CONTEXTS if name != "stale"]
-    start = next(REPLAYS.turn) % len(others)
+    start = REPLAYS.first % len(others)
     for name in others[start:] + others[:start]:
         REPLAYS.made[call] = name
         if _replayed_in(name, kernel, run, judge) is None:

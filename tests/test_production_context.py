@@ -3,7 +3,6 @@ telling (fmha.regressions.production_mutants) is caught by the context or check 
 and passes without it (as it did before those existed); honest kernels pass every one."""
 
 import dataclasses
-import itertools
 import re
 
 import pytest
@@ -83,12 +82,25 @@ def test_a_failing_replay_fails_again_when_hypothesis_makes_its_example_again(mo
     again, in the same context: hypothesis sees the same failure, not a flaky one."""
     kernel = MUTANTS["judge-on-the-stack"].kernel()
     production.start_of_test("1/a-test", twins=1, share=1.0, children=0, soak=1)
-    monkeypatch.setattr(production.REPLAYS, "turn", itertools.repeat(0))  # the thread context first
+    monkeypatch.setattr(production.REPLAYS, "met", {kernel.name})  # its first call in the process is made
+    production.REPLAYS.first = 0  # the thread context first
     for _ in range(2):
         with pytest.raises(AssertionError, match="made again on a fresh thread"):
             check_sample(kernel, DENSE)
     assert production.REPLAYS.others == 0
     assert check_sample(kernel, DENSE.replace(seed=DENSE.seed + 1)).passed  # another call: no replay left
+
+
+def test_each_kernels_first_call_in_a_process_is_replayed_on_a_fresh_thread_whatever_the_share(monkeypatch):
+    """Every run replays each kernel in the cheap contexts at least once a process: a kernel that
+    reads its stack is caught by its first judged test, not by a draw."""
+    monkeypatch.setattr(production.REPLAYS, "met", set())
+    kernel = MUTANTS["judge-on-the-stack"].kernel()
+    production.start_of_test("1/first", twins=1, share=0.0, children=0, soak=1)
+    with pytest.raises(AssertionError, match="made again on a fresh thread"):
+        check_sample(kernel, DENSE)
+    production.start_of_test("1/second", twins=1, share=0.0, children=0, soak=1)
+    assert check_sample(kernel, DENSE).passed  # its second test draws no replay: the suite's calls alone
 
 
 def test_the_clean_child_imports_neither_the_judge_nor_pytest_and_sees_no_test_in_its_environment(monkeypatch):
