@@ -59,7 +59,7 @@ class Budget(NamedTuple):
     soak: int  # calls before the soak law's call is made again (fmha.properties.dense_laws)
 
 
-# Per profile, the judged calls replayed in production's contexts (fmha.oracles.production.Budget):
+# Per profile, the judged calls replayed in production's contexts (fmha.oracles.production):
 # a test's poisoned calls twinned with stale values, the share of tests that replay a call in
 # another context too, the replays in a clean child process each process may make, and the calls
 # the soak law makes before it calls again. The CI profile's share keeps the replays' cost within
