@@ -82,7 +82,8 @@ def context_current(device: torch.device) -> None:
         return
     with torch.cuda.device(device):
         torch.cuda.set_device(device)
-    _CURRENT.devices.add(device)
+    if device.index in (None, torch.cuda.current_device()):  # restored to another device: made again next launch
+        _CURRENT.devices.add(device)
 
 
 _CURRENT = threading.local()  # the devices whose context this thread has made current
