@@ -39,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from fmha.contract import KernelEntry
+from fmha.contract import KernelEntry, NotSupportedError
 from fmha.oracles import guard, replay_child
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.kernel_call import Run, bitwise_difference, run_kernel
@@ -328,18 +328,31 @@ REAL_CALL_EVERY = 512  # of the soak's calls one in this many is the judged call
 def soak(kernel: KernelEntry, x: Inputs, calls: int) -> int:
     """Make calls of `kernel` until the soak has made `calls` of it in this process: x's own call
     one time in REAL_CALL_EVERY, in between a cheap one (counters, caches and buffers age all the
-    same): x with no query rows where the kernel declares requests without rows, else its first
-    request's last row alone where its declaration allows one row. Returns how many it made now."""
-    caps = kernel.capabilities_on(x.q.device.type)
-    kwargs = x.kwargs()
-    cheap = (x.q, x.k, x.v)
-    if x.q.dim() == 4 and not x.problem.ragged and x.problem.source == "dense":
-        if caps.empty_query_requests:
-            cheap = (x.q[:, :0], x.k, x.v)
-        elif not caps.q_len_equals_kv_len and caps.q_len_multiple_of == 1:
-            cheap = (x.q[:1, -1:], x.k[:1], x.v[:1])
+    same): x with no query rows where the kernel takes that, else its first request's last row
+    alone where its declaration allows one row, else x's own. Returns how many it made now."""
     done = _SOAKED.get(kernel.fn, 0)
-    for n in range(done, calls):
-        kernel.fn(*((x.q, x.k, x.v) if n % REAL_CALL_EVERY == 0 else cheap), **kwargs)
-        _SOAKED[kernel.fn] = n + 1
-    return max(calls - done, 0)
+    if done >= calls:
+        return 0
+    kwargs, cheap, made = x.kwargs(), _cheap_forms(kernel, x), done
+    while made < calls:
+        real = made % REAL_CALL_EVERY == 0 or not cheap
+        try:
+            kernel.fn(*((x.q, x.k, x.v) if real else cheap[0]), **kwargs)
+        except NotSupportedError:
+            if real:
+                raise
+            cheap.pop(0)  # a dense call of no rows is not in any declaration: PyTorch's fused kernels refuse it
+            continue
+        made += 1
+        _SOAKED[kernel.fn] = made
+    return calls - done
+
+
+def _cheap_forms(kernel: KernelEntry, x: Inputs) -> list[tuple]:
+    """Cheaper calls than x's for the soak, cheapest first: x with no query rows, its first
+    request's last row alone (where the declaration allows one row)."""
+    if x.q.dim() != 4 or x.problem.ragged or x.problem.source != "dense":
+        return []
+    caps = kernel.capabilities_on(x.q.device.type)
+    one_row = not caps.q_len_equals_kv_len and caps.q_len_multiple_of == 1
+    return [(x.q[:, :0], x.k, x.v)] * caps.empty_query_requests + [(x.q[:1, -1:], x.k[:1], x.v[:1])] * one_row

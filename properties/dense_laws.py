@@ -51,8 +51,8 @@ def calls_in_sequence_agree(kernel, sample: Sample, device):
 
 @law(test="test_a_call_late_in_a_long_process_gives_the_same_answer", mutant="breaks-after-many-calls")
 def late_in_a_long_process(kernel, sample: Sample, device):
-    """A call made again after the process has made thousands (at least 2^12 on the CPU tier,
-    2^10 on a GPU, 2^17 in the nightly: the profile's count, plus a part drawn per run) gives the same answer: a
+    """A call made again after the process has made thousands (at least 2^12 in CI,
+    2^17 in the nightly: the profile's count, plus a part drawn per run) gives the same answer: a
     plan cache evicted, a counter wrapping or a buffer recycled after many calls fails."""
     x = sample.inputs(device)
     first = run_kernel(kernel, x)

@@ -70,20 +70,12 @@ REPLAYS = {"fmha-dev": Budget(twins=1, share=1 / 16, children=16, soak=1 << 12),
            "fmha-nightly": Budget(twins=3, share=1.0, children=1024, soak=1 << 17)}
 
 
-# The soak's calls on a GPU outside the nightly, of the profile's: a cheap call of an SDPA backend
-# costs 11-17 ms there (an H100, 2026-12-07), 2^12 of them 47-69 s of the GPU job's bound.
-GPU_SOAK_SHARE = 1 / 4
-
-
 def replay_settings(config) -> Budget:
     """The replays of the profile the laws run under; the nightly's with --fmha-nightly."""
     if config.getoption("--fmha-nightly", False):
         return REPLAYS["fmha-nightly"]
     profile = config.getoption("hypothesis_profile", None) or ("fmha-ci" if os.environ.get("CI") else "fmha-dev")
-    budget = REPLAYS.get(profile, REPLAYS["fmha-dev"])
-    if config.stash.get(DEVICE, "cpu") == "cuda":
-        budget = budget._replace(soak=int(budget.soak * GPU_SOAK_SHARE))
-    return budget
+    return REPLAYS.get(profile, REPLAYS["fmha-dev"])
 
 
 def law_settings(config):

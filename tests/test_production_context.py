@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from fmha.contract import KernelEntry, Problem
+from fmha.contract import KernelEntry, NotSupportedError, Problem
 from fmha.oracles import guard, production, replay_child
 from fmha.oracles.check import check_sample
 from fmha.oracles.kernel_call import run_kernel
@@ -136,6 +136,26 @@ def test_a_kernel_that_breaks_after_many_calls_fails_the_soak_law_and_the_refere
     with pytest.raises(AssertionError, match=r"the call again after \d+ more calls"):
         law.check(fresh, DENSE, "cpu")
     law.check(KernelEntry(name="reference", fn=reference, capabilities=CAPABILITIES), DENSE, "cpu")
+
+
+def test_the_soak_wears_a_kernel_that_refuses_a_call_of_no_rows_in_a_form_it_takes():
+    """PyTorch's fused kernels on a GPU refuse a dense call of no query rows (a declaration's
+    requests without rows are a ragged batch's): the soak's cheap call falls back to a form the
+    kernel takes, so the law still judges it (on an H100 it refused every draw and skipped)."""
+    from fmha.properties.catalog import LAWS
+
+    worn = MUTANTS["breaks-after-many-calls"].build()
+
+    def refuses_no_rows(q, k, v, **kwargs):
+        if q.shape[1] == 0:
+            raise NotSupportedError("refuses-no-rows: no kernel for a call of no query rows")
+        return worn.fn(q, k, v, **kwargs)
+
+    try:
+        with pytest.raises(AssertionError, match=r"the call again after \d+ more calls"):
+            LAWS["late_in_a_long_process"].check(dataclasses.replace(worn, fn=refuses_no_rows), DENSE, "cpu")
+    except NotSupportedError as e:  # the plug-in would make it a skip: the law's on the GPU
+        pytest.fail(f"the soak made a call the kernel refuses: {e}")
 
 
 def test_a_mode_pushed_before_any_call_answers_none_of_the_judge_and_fails_the_test():
