@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-import numpy as np
 import torch
 
 from fmha.contract import ranges, relations
@@ -124,10 +123,12 @@ def _overlapping(values: torch.Tensor, memory: list[int], steps: set, zeros: set
     poison = ~torch.isfinite(written)
     if not isinstance(fill, torch.Tensor):  # a 0-d fill is a NaN's payload: not finite already
         poison |= written == fill
-    order = torch.argsort((~poison).cpu().to(torch.int8), stable=True)  # drawn values last: kept
-    where = where[order]
-    last = len(where) - 1 - torch.from_numpy(np.unique(where.numpy()[::-1], return_index=True)[1].copy())
-    flat[where[last].to(flat.device)] = written[order[last].to(written.device)]
+    # of the elements at one address the last drawn one is kept, else the last: the highest rank
+    n, where = written.numel(), where.to(written.device)
+    rank = (~poison).to(torch.int64) * n + torch.arange(n, device=written.device)
+    kept = torch.full((flat.numel(),), -1, dtype=torch.int64, device=written.device).scatter_reduce_(0, where, rank, "amax")
+    held = (kept >= 0).nonzero().flatten()
+    flat[held] = written[kept[held] % n]
     view = flat.as_strided(values.shape, strides, lead)
     for d in sorted(zeros):
         view = view.narrow(d, 0, 1)
