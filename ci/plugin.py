@@ -215,32 +215,45 @@ def pytest_generate_tests(metafunc):
 
 
 def starts_first_order(items: list, config) -> list:
-    """`starts_first` tests at the head of different xdist workers' first batches, the rest in
-    order. xdist's load scheduler hands each worker a batch of consecutive tests first
-    (worksteal: an equal share of them): all of them at the front of the collection put every
-    one on the first worker, one after the other, and that worker was a cold H200 run's tail
-    (192 s of the run's 231 s)."""
-    def heads(item):  # a skipped one takes no time: it would waste its worker's head
-        return item.get_closest_marker("starts_first") and not item.get_closest_marker("skip")
+    """The long tests at the heads of different xdist workers' first batches, the rest in order.
+    Long: `starts_first` tests, then the laws of fmha's own kernels (each draw a compile on a
+    GPU with a cold cache, interpreted on a CPU: 20-60 s each on an H100). xdist's schedulers
+    hand each worker a batch of consecutive tests first (worksteal: an equal share, and an idle
+    worker takes the end of a busy one's): all of them at the front of the collection put them on
+    the first worker one after the other, and in collection order the laws came last, so
+    the last of them was a cold H100 run's tail (the laws of fmha started 90-160 s in, the run
+    ended at 210 s). Under worksteal each batch heads with its share of the long tests, dealt in
+    turn; under load scheduling, whose batches are small, one each."""
+    from fmha.registry import OURS_NAMES
 
-    first = [item for item in items if heads(item)]
-    rest = [item for item in items if not heads(item)]
+    def long(item):  # a skipped one takes no time: it would waste its worker's head
+        if item.get_closest_marker("skip"):
+            return None
+        if item.get_closest_marker("starts_first"):
+            return 0
+        kernel = getattr(getattr(item, "callspec", None), "params", {}).get("kernel")
+        return 1 if item.get_closest_marker("property") and getattr(kernel, "name", None) in OURS_NAMES else None
+
+    first = sorted((item for item in items if long(item) is not None), key=long)  # stable: in order within each
+    rest = [item for item in items if long(item) is None]
     workerinput = getattr(config, "workerinput", {})
     workers = int(workerinput.get("workercount", 1))
     if workers == 1 or not first:
         return first + rest
+    worksteal = workerinput.get("fmha_dist") == "worksteal"
     if len(items) < 2 * workers:  # one test to each worker in turn
         batch = 1
-    elif workerinput.get("fmha_dist") == "worksteal":
+    elif worksteal:
         batch = len(items) // workers
     else:  # xdist.scheduler.load.LoadScheduling.schedule
         batch = max(min(len(items) // workers // 4, workerinput.get("fmha_maxschedchunk") or len(items)), 2)
+    heads = [first[worker::workers] if worksteal else first[worker:worker + 1] for worker in range(workers)]
     order = []
-    for worker in range(workers):
-        head = first[worker:worker + 1]
-        order += head + rest[:batch - len(head)]
-        del rest[:batch - len(head)]
-    return order + first[workers:] + rest
+    for head in heads:
+        order += head + rest[:max(batch - len(head), 0)]
+        del rest[:max(batch - len(head), 0)]
+    placed = set(order)
+    return order + [item for item in first if item not in placed] + rest
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -97,3 +97,29 @@ def test_tests_that_wait_out_a_timeout_are_collected_first_the_rest_in_order(pyt
     '''))
     order = _collected(pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider"))
     assert order == ["test_session.py::test_b", "test_session.py::test_a", "test_session.py::test_c"], order
+
+
+@pytest.mark.cpu_tier
+def test_under_worksteal_the_laws_of_fmhas_kernels_head_every_workers_batch():
+    """Collected last, the laws of fmha's own kernels (a compile per draw on a cold GPU) were a
+    cold run's tail on one worker; dealt in turn, each worker's batch starts with its share."""
+    from types import SimpleNamespace
+
+    from fmha.ci.plugin import starts_first_order
+    from fmha.registry import KERNELS
+
+    class item:  # a collected test, as the ordering reads one
+        def __init__(self, name, marker=None, kernel=None):
+            self.name, self.marker = name, marker
+            self.callspec = SimpleNamespace(params={"kernel": KERNELS[kernel]} if kernel else {})
+
+        def get_closest_marker(self, name):
+            return name == self.marker or None
+
+    items = ([item(f"rest{n}") for n in range(30)] + [item(f"sdpa-law{n}", "property", "sdpa-math") for n in range(2)]
+             + [item(f"fmha-law{n}", "property", "fmha") for n in range(8)])
+    config = SimpleNamespace(workerinput={"workercount": 4, "fmha_dist": "worksteal"})
+    order = [i.name for i in starts_first_order(items, config)]
+    batches = [order[w * 10:(w + 1) * 10] for w in range(4)]
+    assert sorted(order) == sorted(i.name for i in items)
+    assert [b[:2] for b in batches] == [[f"fmha-law{w}", f"fmha-law{w + 4}"] for w in range(4)], batches
