@@ -141,3 +141,20 @@ def test_sdpa_gets_only_the_keys_some_row_sees(name):
     raw = torch.nn.functional.scaled_dot_product_attention(
         x.q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=_mask(2, 9, True, 3, "cpu"))
     assert torch.isnan(raw).all()
+
+
+@pytest.mark.parametrize("form", ["step:B+overlap:S", "offset", "step:S", "overlap:S"])
+def test_a_view_cuda_sdpa_refuses_is_passed_packed_and_aligned_at_any_size(form):
+    """A key of one element along B and S at an odd stride (a drawn `step:B+overlap:S`): the
+    efficient backend refused it on an H100 ("key is not correctly aligned (strideM)") although
+    the dims are of one element, and `contiguous()` keeps such strides as they are."""
+    from fmha.adapters.sdpa import packed_if_cuda_sdpa_refuses
+    from fmha.contract.arguments import ARGUMENTS
+    from fmha.oracles.storage import lay_out
+
+    for shape in [(1, 1, 1, 16), (2, 3, 2, 16)]:
+        laid = lay_out(torch.randn(shape).to(torch.bfloat16), ARGUMENTS["k"], form, float("nan"))
+        passed = packed_if_cuda_sdpa_refuses(laid)
+        assert torch.equal(passed, laid)  # overlapping elements hold one value: the view's, not the draw's
+        assert passed.storage_offset() * 2 % 16 == 0 and all(s * 2 % 16 == 0 for s in passed.stride()[:-1]), \
+            (form, shape, passed.stride(), passed.storage_offset())

@@ -58,13 +58,19 @@ def _mask(q_len: int, kv_len: int, causal: bool, window: int | None, device) -> 
 
 
 def _as_cuda_sdpa_takes(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a contiguous copy where its offset or a stride (past the last dim) is not a multiple
-    of 16 bytes, or its elements share memory (a dim's stride under what the dims inside it span)."""
+    """`t`, or a packed copy where its offset or a stride (past the last dim) is not a multiple of
+    16 bytes, or its elements share memory (a dim's stride under what the dims inside it span).
+    Every stride counts, a dim of one element's too: efficient checks it ("key is not correctly
+    aligned (strideM)" at one key, H100, 2026-12-07), and `contiguous()` keeps it."""
     if t.device.type != "cuda":
         return t
+    return packed_if_cuda_sdpa_refuses(t)
+
+
+def packed_if_cuda_sdpa_refuses(t: torch.Tensor) -> torch.Tensor:
     size = t.element_size()
-    unaligned = t.storage_offset() * size % 16 or any(stride * size % 16 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
-    return t.contiguous() if unaligned or overlaps_itself(t, broadcast=False) else t
+    unaligned = t.storage_offset() * size % 16 or any(stride * size % 16 for stride in t.stride()[:-1])
+    return t.clone(memory_format=torch.contiguous_format) if unaligned or overlaps_itself(t, broadcast=False) else t
 
 
 def _heads_first(q, k, v):
