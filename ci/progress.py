@@ -82,7 +82,10 @@ class PytestProgress:
         self.running[nodeid] = time.monotonic()
 
     def pytest_runtest_logreport(self, report):
-        self.failed += report.failed and report.when in ("setup", "call")
+        crashed = report.when == "???"  # xdist's report of a test whose worker died: no logfinish follows
+        self.failed += report.failed and (report.when in ("setup", "call") or crashed)
+        if crashed and self.running.pop(report.nodeid, None) is not None:
+            self.done += 1
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report, config):

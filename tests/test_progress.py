@@ -51,3 +51,20 @@ def test_the_nightly_gate_piped_writes_a_line_every_few_seconds(monkeypatch, cap
     nightly.run_gate([KERNELS["sdpa-math"]], "cpu", 1, nightly.cases(configs, []))
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fmha nightly: ")]
     assert len(lines) >= 2 and " runs in " in lines[-1] and "last sdpa-math hd64" in lines[-1], lines
+
+
+def test_a_test_whose_worker_died_is_counted_failed_and_done_not_left_running():
+    """xdist reports a test whose worker died (its `when` is "???") and no end follows: on an H100
+    the line said "0 failed" and named that test as running until the run ended."""
+    from types import SimpleNamespace
+
+    from _pytest.reports import TestReport
+
+    line = progress.PytestProgress(SimpleNamespace(get_terminal_writer=lambda: None), every=0)
+    line.total = 2
+    for nodeid in ("test_x.py::test_dies", "test_x.py::test_lives"):
+        line.pytest_runtest_logstart(nodeid, None)
+    line.pytest_runtest_logreport(TestReport("test_x.py::test_dies", ("test_x.py", 1, "test_dies"), {}, "failed",
+                                             "worker 'gw0' crashed while running 'test_x.py::test_dies'", "???"))
+    said = line.line()
+    assert "1/2 done" in said and "1 failed" in said and "test_dies" not in said and "test_lives" in said, said
