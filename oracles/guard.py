@@ -427,6 +427,7 @@ def guarded_call(entry, args, kwargs, _checked=(), _globals=None, _builtins=(), 
     """Run `entry`'s call with the guard around it. Only the outermost call of a nesting (a
     kernel under test that calls another entry) is guarded. The defaults are bound below, at
     import: they become this frame's locals when it starts, beyond the kernel's reach."""
+    __tracebackhide__ = True  # a failure shows the kernel's frames and the judge's message, not the guard's locals
     if _depth[0]:
         return entry.fn(*args, **kwargs)
     _calls[0] += 1

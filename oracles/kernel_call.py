@@ -95,6 +95,7 @@ def run_kernel(kernel: KernelEntry, inputs: Inputs, use_out: bool | None = None,
     `caller` makes the call in place of the guarded entry (fmha.oracles.production's contexts);
     with `stale_out`, out= and the buffer around it hold its values instead of the poison; a call
     not `counted` (a replay) adds nothing to the run's tallies of hazards and storage."""
+    __tracebackhide__ = True  # pytest: a failed call shows the kernel's frames and the message (--fulltrace: these)
     if use_out is None:
         use_out = "out" in kernel.capabilities_on(inputs.q.device.type).features
     kwargs = inputs.kwargs()
@@ -154,6 +155,7 @@ def _assert_unchanged(kernel: KernelEntry, call: dict, before: dict) -> None:
 
 def outputs(kernel: KernelEntry, inputs: Inputs, result) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(o, lse) as the contract says, or an AssertionError saying what came back instead."""
+    __tracebackhide__ = True
     p = inputs.problem
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
         raise AssertionError(f"{kernel.name}: expected (o, lse) with lse a tensor or None, got {_described(result)}")

@@ -249,6 +249,19 @@ def test_outputs_unlike_the_declared_ones_fail_by_name(plugged, returns, said):
     result = plugged.runpytest(AGREEMENT, "--fmha-kernel=returning_kernels:fwd", "-k", "hd64-T4-S128-B2-mha-h4-bf16-normal]")
     out = result.stdout.str()
     assert result.parseoutcomes().get("failed", 0) == 1 and said in out, out[-3000:]
+    assert "guard.py" not in out and "kernel_call.py" not in out, out[-3000:]  # the judge's frames hidden
+
+
+def test_a_kernel_that_raises_shows_its_own_frames_and_not_the_judges(plugged):
+    plugged.makepyfile(view_mistake_kernels=textwrap.dedent('''
+        def fwd(q, k, v, **kwargs):
+            return q.view(-1, 7)  # the author's mistake
+    '''))
+    result = plugged.runpytest(AGREEMENT, "--fmha-kernel=view_mistake_kernels:fwd", "-k", "hd64-T4-S128-B2-mha-h4-bf16-normal]")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed", 0) == 1, out[-3000:]
+    assert "return q.view(-1, 7)  # the author's mistake" in out and "view_mistake_kernels.py:2: RuntimeError" in out, out[-3000:]
+    assert "guard.py" not in out and "kernel_call.py" not in out, out[-3000:]
 
 
 def test_unsupported_combinations_are_skips_carrying_the_kernels_reason(plugged):

@@ -80,6 +80,7 @@ class KernelEntry:
         return self.capabilities_on(device_type).not_supported_reasons(problem, device_type, needs, any_source)
 
     def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True  # pytest: the call's failure is the kernel's or the judge's
         guard = _GUARD
         return self.fn(*args, **kwargs) if guard is None else guard(self, args, kwargs)
 
@@ -132,5 +133,6 @@ class MergeEntry:
         return [] if device in self.devices else [f"no {device} merge (runs on {', '.join(self.devices)})"]
 
     def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True  # pytest: the call's failure is the kernel's or the judge's
         guard = _GUARD
         return self.fn(*args, **kwargs) if guard is None else guard(self, args, kwargs)
