@@ -113,8 +113,8 @@ def measure(
     oracle is inherent to the procedure and joins the floor.
     `logit_magnitude` (B, H, T) bounds each row's logits before cancellation (the oracle's):
     a logit summed in fp32 is off by up to about 2^-24 of it, and so is the lse. `underflow`
-    (the oracle's, like o): what an fp32 kernel loses where softmax weights fall below fp32's
-    smallest normal and flush to zero, 2^-126 of the visible |v|. `oracle_squares` (the
+    (the oracle's, like o): what an fp32 kernel loses where softmax weights or their products
+    with v fall below fp32's smallest normal and flush to zero, 2^-126 of the visible max(|v|, 1). `oracle_squares` (the
     oracle's o_squares): what rounding the weights to the output's dtype before P.V costs, of
     which the floor takes the part the terms' cancellation adds.
     """
@@ -226,7 +226,9 @@ def measure(
     row_units = row_err / row_scale / unit
     worst_row_err, worst_row_err_at = _argmax(row_units)
 
-    ulps = diff.abs() / ulp(A, dtype, (row_scale / max(O.shape[-1], 1) ** 0.5)[..., None])
+    # What flushing could take from an element is its own, not a number of ulps of it
+    excess = diff.abs() if underflow is None else (diff.abs() - underflow.double()).clamp(min=0.0)
+    ulps = excess / ulp(A, dtype, (row_scale / max(O.shape[-1], 1) ** 0.5)[..., None])
     max_ulp, max_ulp_at = _argmax(ulps)
 
     nonfinite = int(nonfinite_mask.sum())

@@ -140,7 +140,11 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: t
     # Per row, the longest key it sees.
     norms = torch.where(visible[..., None], keys.norm(dim=-1), 0.0)  # (T, N, Hkv)
     key_norm = (norms.amax(dim=1) if norms.shape[1] else norms.new_zeros(T, Hkv)).repeat_interleave(group, 1).T
-    seen_abs = torch.einsum(f"tn,{kv}->tkd", visible.double(), values.abs()).repeat_interleave(group, 1)
+    # What flushing to zero can take from a sum of p v: a weight below fp32's smallest normal
+    # (p |v| < tiny |v|), or a product below it (< tiny, with |v| < 1 and p above it: an H100's
+    # Gluon kernel and CPU flash SDPA returned 0 for an output of 1.2e-38 summed from two such).
+    flushable = torch.where(values != 0, values.abs().clamp(min=1.0), 0.0)
+    seen_abs = torch.einsum(f"tn,{kv}->tkd", visible.double(), flushable).repeat_interleave(group, 1)
     return dict(o=o, lse=lse[0], o_abs=torch.einsum(f"kgtn,{kv}->tkgd", grouped, values.abs()).flatten(1, 2),
                 o_squares=torch.einsum(f"kgtn,{kv}->tkgd", grouped.square(), values.square()).flatten(1, 2).sqrt(),
                 squares=float(visible_scores.square().sum()), count=visible_scores.numel(),

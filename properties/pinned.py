@@ -128,9 +128,9 @@ PINNED = {
         Sample(problem=Problem(batch=1, q_len=30, kv_len=168, heads_q=1, heads_kv=1, head_dim=16, dtype=torch.float16),
                distribution='iota_v'),
     ],
-    # gluon (the Gluon dense kernel, an H100): the third call (values seed 1) wrong on one row,
-    # (b, t, h) = (1, 2, 12) at cosine 0.99982, in the half of Dv warpgroup 1 computes; the
-    # Triton kernel and the rounded oracle pass it (BENCHMARKS.md, "Judged where production calls").
+    # The third call (values seed 1): one row's outputs near 1.2e-38 summed from products p v
+    # below fp32's smallest normal, which flush to zero; the judge counted that as 17-65 ulp off
+    # (the Gluon kernel on an H100, CPU flash SDPA; oracles/CALIBRATION.md).
     "calls_in_sequence_agree": [
         Sample(problem=Problem(batch=2, q_len=3, kv_len=726, heads_q=15, heads_kv=3, head_dim=512, window=96),
                scale=0.75, distribution='upper_half_energy', k_storage='step:B+overlap:S+alias:v',
