@@ -31,7 +31,7 @@ import sys
 
 import pytest
 
-from fmha.ci import progress
+from fmha.ci import bytecode, progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
 from fmha.oracles import run_seed, threads
 from fmha.properties.run_settings import (DEVICE, KERNEL_SPECS, RUN_SEED, register_profiles, replay_settings,
@@ -128,6 +128,8 @@ def pytest_configure(config):
         threads.share_cores(int(workerinput["workercount"]))
     elif not getattr(config.option, "numprocesses", None):  # not an xdist controller, which only hands out tests
         threads.share_cores()
+    else:  # before xdist starts the workers: they share one bytecode cache where Python writes none
+        bytecode.share()
     known = ledger.LEDGER
     path = config.getoption("--fmha-known-failures")
     try:
@@ -151,6 +153,11 @@ def pytest_configure(config):
         from fmha.oracles import replay_child
 
         replay_child.KERNELS_ENVIRONMENT.update(config.getoption("--fmha-replay-env"))
+
+
+def pytest_unconfigure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        bytecode.restore()
 
 
 def _suite_inside_fmha() -> bool:
