@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 CACHE_ENV = "FMHA_CACHE_DIR"  # as the covering arrays' cache: ~/.cache/fmha, else this
-_SAVED = "_FMHA_BYTECODE_SAVED"  # what the session changed, to put back at its end
+SAVED = "_FMHA_BYTECODE_SAVED"  # what the session changed, to put back at its end
 
 
 def cache_dir() -> Path:
@@ -50,13 +50,13 @@ def share(jobs: int | None = None) -> Path | None:
     """In the session's main process, before any worker starts: where Python writes no bytecode
     and imported modules have none, point this process's children at one cache and fill it with
     those modules. Returns the cache, or None where nothing changes."""
-    if not sys.flags.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX") or _SAVED in os.environ:
+    if not sys.flags.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX") or SAVED in os.environ:
         return None
     if not uncompiled():
         return None
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    os.environ[_SAVED] = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
+    os.environ[SAVED] = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
     # With the cache on, a child reads bytecode from it alone: every imported module goes in,
@@ -74,11 +74,22 @@ def share(jobs: int | None = None) -> Path | None:
     return cache
 
 
+def without_the_cache(environment) -> dict:
+    """`environment` as it was before the session shared its cache: for a process that stands
+    for another user's (a fresh install's), which would not have it."""
+    environment = dict(environment)
+    if SAVED in environment:
+        saved = environment.pop(SAVED)
+        environment.pop("PYTHONPYCACHEPREFIX", None)
+        if saved:
+            environment["PYTHONDONTWRITEBYTECODE"] = saved
+    return environment
+
+
 def restore() -> None:
     """At the session's end: the environment as it was."""
-    if _SAVED not in os.environ:
-        return
-    saved = os.environ.pop(_SAVED)
-    os.environ.pop("PYTHONPYCACHEPREFIX", None)
-    if saved:
-        os.environ["PYTHONDONTWRITEBYTECODE"] = saved
+    before = without_the_cache(os.environ)
+    for name in ("PYTHONPYCACHEPREFIX", SAVED):
+        if name not in before:
+            os.environ.pop(name, None)
+    os.environ.update(before)

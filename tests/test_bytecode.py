@@ -10,13 +10,15 @@ import textwrap
 
 import pytest
 
+from fmha.ci import bytecode
+
 pytest_plugins = ["pytester"]
 
 pytestmark = pytest.mark.cpu_tier  # the environment of a run's processes, whatever the device
 
 
 def _python(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "_FMHA_BYTECODE_SAVED")}
+    environment = bytecode.without_the_cache(os.environ)  # this run's own session may have shared one
     environment.update(PYTHONPATH=str(tmp_path), FMHA_CACHE_DIR=str(tmp_path / "cache"), **env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=environment, timeout=120)
@@ -58,6 +60,7 @@ def test_a_distributed_sessions_workers_get_the_cache(pytester, tmp_path, monkey
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.setenv("FMHA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    monkeypatch.delenv(bytecode.SAVED, raising=False)  # this run's own session may have shared one
     pytester.makepyfile(test_session=textwrap.dedent('''
         import os
 

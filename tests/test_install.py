@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from fmha.ci import bytecode
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGED = ["fmha", "oracles", "properties", "regressions", "ci", "pyproject.toml", "README.md"]
 
@@ -95,7 +97,9 @@ def installed(tmp_path_factory):
     script = bin_dir / "pytest"
     script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n")
     script.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # the user's environment: not this session's bytecode cache either (pip would record the
+    # package's bytecode there, outside its site-packages)
+    env = {k: v for k, v in bytecode.without_the_cache(os.environ).items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", CI="true")
     install = _run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    root, env)
