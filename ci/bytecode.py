@@ -1,14 +1,14 @@
 """One bytecode cache for a run's processes, where Python writes none.
 
 With PYTHONDONTWRITEBYTECODE set (GPU runner images and CI machines often set it), every
-process compiles each module it imports that has no bytecode beside it: on an H100 runner whose
-image holds none, 1718 modules and 4.4 s of CPU in one test's process (torch's among them), and a GPU job
-starts 16 xdist workers, a replay child for each and dozens of processes in its tests; where pip
-compiled the packages, fmha's own modules still (an editable install keeps them in the
-checkout). The session then shares bytecode among its processes in a cache of its own
-(PYTHONPYCACHEPREFIX: nothing is written beside any source), filled before the workers start
-with what the session has imported, in parallel over the cores; modules first imported later are
-compiled once, by the first process that imports them.
+process compiles each module it imports that has no bytecode beside it: on an H100 runner
+whose image holds none, 1718 modules and 4.4 s of CPU in one test's process, torch's among
+them; a GPU job starts 16 xdist workers, a replay child for each and dozens of processes in its
+tests. Where pip compiled the packages, fmha's own modules still (an editable install keeps
+them in the checkout). The session then shares bytecode among its processes in a cache of its
+own (PYTHONPYCACHEPREFIX: nothing is written beside any source), filled before the workers
+start with what the session has imported, in parallel over the cores; a module first imported
+later is compiled once, by the first process that imports it.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def without_the_cache(environment) -> dict:
 
 def restore() -> None:
     """At the session's end: the environment as it was."""
-    before = without_the_cache(os.environ)
-    for name in ("PYTHONPYCACHEPREFIX", SAVED):
-        if name not in before:
-            os.environ.pop(name, None)
-    os.environ.update(before)
+    if SAVED in os.environ:
+        before = without_the_cache(os.environ)
+        del os.environ["PYTHONPYCACHEPREFIX"], os.environ[SAVED]
+        os.environ.update(before)
