@@ -114,9 +114,10 @@ def measure(
     `logit_magnitude` (B, H, T) bounds each row's logits before cancellation (the oracle's):
     a logit summed in fp32 is off by up to about 2^-24 of it, and so is the lse. `underflow`
     (the oracle's, like o): what an fp32 kernel loses where softmax weights or their products
-    with v fall below fp32's smallest normal and flush to zero, 2^-126 of the visible max(|v|, 1). `oracle_squares` (the
-    oracle's o_squares): what rounding the weights to the output's dtype before P.V costs, of
-    which the floor takes the part the terms' cancellation adds.
+    with v fall below fp32's smallest normal and flush to zero, 2^-126 of the visible
+    max(|v|, 1); an element's error counts past it. `oracle_squares` (the oracle's
+    o_squares): what rounding the weights to the output's dtype before P.V costs, of which the
+    floor takes the part the terms' cancellation adds.
     """
     dtype = o.dtype
     O = oracle_o.double()
