@@ -53,12 +53,16 @@ class Verdict:
         lines = [f"{head}{len(self.failures)} check(s) failed"]
         lines += [f"  - {f}" for f in self.failures]
         lines += [f"  likely cause: {h}" for h in self.hints]
+        lines.append(f"  {self.metrics_line()}")
+        return "\n".join(lines)
+
+    def metrics_line(self) -> str:
+        """How much, beside what failed: the metrics, over the finite written elements."""
         m = self.metrics
         left_out = ", ".join(part for part in (f"{m.nonfinite} NaN/Inf" if m.nonfinite else "",
                                                f"{m.unwritten} unwritten" if m.unwritten else "") if part)
         over = f" over the {m.elements - m.nonfinite - m.unwritten} other elements ({left_out} left out)" if left_out else ""
-        lines.append(f"  metrics{over}: {m.summary()}")
-        return "\n".join(lines)
+        return f"metrics{over}: {m.summary()}"
 
 
 # The RMS checks (cosine, error ratio, magnitude) compare sample statistics with a floor

@@ -66,7 +66,9 @@ def check_case(kernel: KernelEntry, case: Sample, device: str, symptoms: tuple[S
     seen = [f for check in symptoms if (f := check(run.o, oracle.o, case.problem))]
     verdict = judge_run(run, oracle=oracle, kernel=kernel)
     failures = verdict.failures + seen
-    return failures + [f"likely cause: {hint}" for hint in verdict.hints] if failures else []
+    if not failures:
+        return []
+    return failures + [f"likely cause: {hint}" for hint in verdict.hints] + [verdict.metrics_line()]
 
 
 def fails_like(kernel: KernelEntry, mutants, case: Sample, device: str) -> bool | None:

@@ -21,3 +21,4 @@ def test_the_root_cause_is_named_only_when_the_failure_is_the_traps_bug(trap, ow
     outcome, message = run_named_case(resolve_kernel(f"mutant:{other}"), trap, trap.cases[0], "cpu")
     assert outcome == "failed", message
     assert trap.root_cause not in message and "it fails otherwise than the trap's bug does" in message, message
+    assert "  - metrics" in message and " rel-L2 " in message and " ulp at " in message, message  # how much, not only what
