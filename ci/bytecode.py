@@ -33,11 +33,6 @@ def sources() -> list[str]:
     return sorted(f for f in files if f and f.endswith(".py") and os.path.isfile(f))
 
 
-def uncompiled() -> list[str]:
-    """Those with no bytecode beside them."""
-    return [f for f in sources() if not os.path.exists(_beside(f))]
-
-
 def _beside(source: str) -> str:
     prefix, sys.pycache_prefix = sys.pycache_prefix, None
     try:
@@ -52,7 +47,8 @@ def share(jobs: int | None = None) -> Path | None:
     those modules. Returns the cache, or None where nothing changes."""
     if not sys.flags.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX") or SAVED in os.environ:
         return None
-    if not uncompiled():
+    everything = sources()
+    if all(os.path.exists(_beside(f)) for f in everything):
         return None
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
@@ -61,7 +57,6 @@ def share(jobs: int | None = None) -> Path | None:
     os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
     # With the cache on, a child reads bytecode from it alone: every imported module goes in,
     # those compiled beside their sources too.
-    everything = sources()
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(everything) // 64 or 1))
     compiling = [subprocess.Popen([sys.executable, "-m", "compileall", "-q", "-i", "-"], stdin=subprocess.PIPE,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)

@@ -135,17 +135,24 @@ def _storages(call: dict) -> dict:
         if storage.data_ptr() in seen:
             continue
         seen.add(storage.data_ptr())
-        copies[name] = (value, _bytes(value).clone())
+        copies[name] = (value, storage_bytes(value).clone())
     return copies
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Every byte of t's storage, as one uint8 tensor over it."""
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def view_on(storage: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A plain tensor over `storage`'s memory with `like`'s dtype, shape, strides and offset."""
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(storage.untyped_storage(), like.storage_offset(),
+                                                                    like.shape, like.stride())
 
 
 def _assert_unchanged(kernel: KernelEntry, call: dict, before: dict) -> None:
     for name, (tensor, copy) in before.items():
-        changed = _bytes(tensor) != copy
+        changed = storage_bytes(tensor) != copy
         if bool(changed.any()):
             first = int(torch.nonzero(changed)[0])
             raise AssertionError(
@@ -178,8 +185,7 @@ def from_memory(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor over t's storage, with t's shape, strides and offset: what is judged is
     what the memory holds, whatever bit, mode or wrapper stood between torch and it."""
     with guard.plain_torch():
-        return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
-                                                                   t.stride())
+        return view_on(t, t)
 
 
 def _described(value) -> str:

@@ -42,7 +42,7 @@ import torch
 from fmha.contract import KernelEntry, NotSupportedError
 from fmha.oracles import guard, replay_child
 from fmha.oracles.inputs import Inputs
-from fmha.oracles.kernel_call import Run, bitwise_difference, run_kernel
+from fmha.oracles.kernel_call import Run, bitwise_difference, run_kernel, storage_bytes, view_on
 
 
 @dataclass
@@ -241,7 +241,7 @@ def stale_twin(x: Inputs) -> Inputs | None:
     device = x.q.device
     names = [n for n in ("q", "k", "v", "sink", *x.source_args) if isinstance(_arg(x, n), torch.Tensor)]
     coded = [n for n in names if _arg(x, n).dtype == torch.uint8]
-    if not coded and not any(_arg(x, n).is_floating_point() and bool(_storage_bytes(_arg(x, n)).view(_arg(x, n).dtype)
+    if not coded and not any(_arg(x, n).is_floating_point() and bool(storage_bytes(_arg(x, n)).view(_arg(x, n).dtype)
                                                                      .isnan().any()) for n in names):
         return None  # the common case, told without a copy
     if coded:
@@ -253,20 +253,20 @@ def stale_twin(x: Inputs) -> Inputs | None:
         key = t.untyped_storage().data_ptr()
         if key in twins:
             continue
-        copy = _storage_bytes(t).clone()
+        copy = storage_bytes(t).clone()
         if name in coded:
             theirs, mark = _arg(plain, name), _arg(marked, name)
             if not (isinstance(theirs, torch.Tensor) and isinstance(mark, torch.Tensor)
-                    and copy.shape == _storage_bytes(theirs).shape == _storage_bytes(mark).shape
-                    and torch.equal(copy, _storage_bytes(theirs))):
+                    and copy.shape == storage_bytes(theirs).shape == storage_bytes(mark).shape
+                    and torch.equal(copy, storage_bytes(theirs))):
                 return None
-            stale_any |= _stale_codes(copy, copy != _storage_bytes(mark), t, g)
+            stale_any |= _stale_codes(copy, copy != storage_bytes(mark), t, g)
         elif t.is_floating_point():
             stale_any |= _stale_floats(copy, t, g)
         twins[key] = copy
     if not stale_any:
         return None
-    tensors = {n: _view_on(_arg(x, n), twins[_arg(x, n).untyped_storage().data_ptr()]) for n in names}
+    tensors = {n: view_on(twins[_arg(x, n).untyped_storage().data_ptr()], _arg(x, n)) for n in names}
     if x.v is x.k:
         tensors["v"] = tensors["k"]
     return Inputs(x.sample, tensors["q"], tensors["k"], tensors["v"], tensors.get("sink"),
@@ -275,15 +275,6 @@ def stale_twin(x: Inputs) -> Inputs | None:
 
 def _arg(x: Inputs, name: str):
     return getattr(x, name) if name in ("q", "k", "v", "sink") else x.source_args.get(name)
-
-
-def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
-def _view_on(t: torch.Tensor, storage_bytes: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage_bytes.untyped_storage(), t.storage_offset(),
-                                                              t.shape, t.stride())
 
 
 def _stale_floats(copy: torch.Tensor, t: torch.Tensor, g: torch.Generator) -> bool:
@@ -301,10 +292,10 @@ def _stale_codes(copy: torch.Tensor, fill: torch.Tensor, t: torch.Tensor, g: tor
     """In a byte-coded cache, each byte the fill put in a token becomes the byte at the same place
     in a token it did not touch (codes from codes, scales from scales); the bytes around the view
     (its pages' padding, NaN codes in every build) become bytes of its tokens."""
-    view = _view_on(t, copy)
+    view = view_on(copy, t)
     inside = torch.zeros_like(copy, dtype=torch.bool)
-    _view_on(t, inside.view(torch.uint8)).fill_(True)
-    stale = _view_on(t, fill.view(torch.uint8)).bool()
+    view_on(inside, t).fill_(True)
+    stale = view_on(fill, t).bool()
     donors = torch.nonzero(~stale.any(-1))
     if not donors.numel():
         return False

@@ -25,6 +25,7 @@ import tempfile
 import torch
 
 from fmha.contract import KernelEntry
+from fmha.oracles.kernel_call import storage_bytes
 
 # Kernel name -> how this run was told to find it (`module:attr`, a registry name), set by the fmha
 # plug-in from its selection.
@@ -206,7 +207,7 @@ class Child:
                 return t
             key = t.untyped_storage().data_ptr()
             if key not in storages:
-                raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+                raw = storage_bytes(t)
                 storages[key] = (str(t.device), raw.cpu().numpy().tobytes())
                 by_key[key] = raw
             return {"storage": key, "object": id(t), "dtype": str(t.dtype).removeprefix("torch."),

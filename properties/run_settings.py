@@ -64,9 +64,8 @@ class Budget(NamedTuple):
 # another context too, the replays in a clean child process each process may make, and the calls
 # the soak law makes before it calls again. The CI profile's share keeps the replays' cost within
 # what BENCHMARKS.md ("Judged where production calls") shows; the nightly replays every test.
-REPLAYS = {"fmha-dev": Budget(twins=1, share=1 / 16, children=16, soak=1 << 12),
-           "fmha-ci": Budget(twins=1, share=1 / 16, children=16, soak=1 << 12),
-           "fmha-triage": Budget(twins=1, share=1 / 16, children=16, soak=1 << 12),
+_EVERY_RUN = Budget(twins=1, share=1 / 16, children=16, soak=1 << 12)
+REPLAYS = {"fmha-dev": _EVERY_RUN, "fmha-ci": _EVERY_RUN, "fmha-triage": _EVERY_RUN,
            "fmha-nightly": Budget(twins=3, share=1.0, children=1024, soak=1 << 17)}
 
 

@@ -11,7 +11,7 @@ import torch
 from fmha.contract import KernelEntry, NotSupportedError, Problem
 from fmha.oracles import guard, production, replay_child
 from fmha.oracles.check import check_sample
-from fmha.oracles.kernel_call import run_kernel
+from fmha.oracles.kernel_call import run_kernel, storage_bytes
 from fmha.oracles.reference_kernel import CAPABILITIES, reference
 from fmha.oracles.sample import Sample
 from fmha.regressions import production_mutants
@@ -123,7 +123,7 @@ def test_the_stale_twin_changes_only_what_nothing_reads():
     twin = production.stale_twin(x)
     assert twin is not None
     for name in ("k", "v"):
-        before, after = production._storage_bytes(getattr(x, name)), production._storage_bytes(getattr(twin, name))
+        before, after = storage_bytes(getattr(x, name)), storage_bytes(getattr(twin, name))
         assert torch.isnan(before.view(x.k.dtype)).any() and not torch.isnan(after.view(x.k.dtype)).any()
     assert torch.equal(reference(x.q, x.k, x.v, **x.kwargs())[0], reference(twin.q, twin.k, twin.v, **twin.kwargs())[0])
 
