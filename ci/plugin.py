@@ -241,8 +241,9 @@ def starts_first_order(items: list, config) -> list:
         kernel = getattr(getattr(item, "callspec", None), "params", {}).get("kernel")
         return 1 if item.get_closest_marker("property") and getattr(kernel, "name", None) in OURS_NAMES else None
 
-    first = sorted((item for item in items if long(item) is not None), key=long)  # stable: in order within each
-    rest = [item for item in items if long(item) is None]
+    rank = {item: long(item) for item in items}
+    first = sorted((item for item in items if rank[item] is not None), key=rank.get)  # stable: in order within each
+    rest = [item for item in items if rank[item] is None]
     workerinput = getattr(config, "workerinput", {})
     workers = int(workerinput.get("workercount", 1))
     if workers == 1 or not first:
@@ -257,8 +258,9 @@ def starts_first_order(items: list, config) -> list:
     heads = [first[worker::workers] if worksteal else first[worker:worker + 1] for worker in range(workers)]
     order = []
     for head in heads:
-        order += head + rest[:max(batch - len(head), 0)]
-        del rest[:max(batch - len(head), 0)]
+        taken = max(batch - len(head), 0)
+        order += head + rest[:taken]
+        del rest[:taken]
     placed = set(order)
     return order + [item for item in first if item not in placed] + rest
 
