@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fmha.bench import dense as bench
+from fmha.oracles import reference
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run; on a GPU the bench is timed")
 
@@ -47,3 +48,47 @@ def test_without_a_gpu_only_the_quick_smoke_run_is_offered(capsys):
     with pytest.raises(SystemExit) as stopped:
         bench.main([])
     assert stopped.value.code == 2 and "--quick" in capsys.readouterr().err
+
+
+FAKE_FLASH_ATTN = '''
+from fmha.oracles import reference
+
+def flash_attn_func(q, k, v, causal=False):
+    return reference.attention(q, k, v, causal=causal)[0].to(q.dtype)
+'''
+FAKE_FLASH_MLA = '''
+import torch
+from fmha.oracles import reference
+
+def get_mla_metadata(*args, **kwargs):
+    return object(), None
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, causal=False):
+    assert k_cache.shape[1] == 64 and block_table.dtype == cache_seqlens.dtype == torch.int32
+    outputs = []
+    for b in range(q.shape[0]):
+        k = k_cache[block_table[b].long()].flatten(0, 1)[:int(cache_seqlens[b])][None]
+        outputs.append(reference.attention(q[b:b + 1], k, k[..., :head_dim_v], causal=causal)[0])
+    return torch.cat(outputs).to(q.dtype), None
+'''
+
+
+def test_the_installed_peers_are_timed_on_the_contracts_inputs_in_their_own_layout(tmp_path, monkeypatch):
+    """FlashAttention and FlashMLA's dense decode get columns where they import, each handed the
+    bench's inputs in its own layout (FlashMLA's: a cache of 64-token pages), checked here
+    against stand-ins that answer as the contract does; FlashMLA leads the ratio column."""
+    assert bench.installed_peers() == {}  # none is installed on the CPU runner
+    (tmp_path / "flash_attn.py").write_text(FAKE_FLASH_ATTN)
+    (tmp_path / "flash_mla.py").write_text(FAKE_FLASH_MLA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    peers = bench.installed_peers()
+    assert list(peers) == ["FlashAttention 2", "FlashMLA dense"]
+    assert bench.peer({**bench.CONTENDERS, **peers}) == "FlashMLA dense"
+    problem = bench.Problem(batch=2, q_len=2, kv_len=130, heads_q=8, heads_kv=1, head_dim=64, causal=True,
+                            shared_kv=True)
+    q, k, v = bench.inputs(problem, "cpu")
+    want = reference.attention(q, k, v, causal=True)[0]
+    for name, make in peers.items():
+        out = make(problem, q, k, v)()
+        out = out[0] if isinstance(out, tuple) else out
+        torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=0, msg=name)

@@ -1,5 +1,5 @@
-"""Benchmark fmha's dense attention against the SDPA backends and FlexAttention, and your own
-kernel beside them.
+"""Benchmark fmha's dense attention against the SDPA backends, FlexAttention and the peers
+installed (FlashAttention 2 or 3, FlashMLA's dense decode), and your own kernel beside them.
 
     python -m fmha.bench [--quick] [--sparse] [--only CONTENDER ...] [--clocks] [--fmha-kernel module:attr ...]
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
+import importlib.util
 import statistics
 import sys
 import time
@@ -153,6 +155,31 @@ def _flex(p: Problem, q, k, v):
     return lambda: compiled(qh, kh, vh, block_mask=block_mask, enable_gqa=True)
 
 
+def _flash_attention(module: str, p: Problem, q, k, v):
+    """FlashAttention's `flash_attn_func` (FA3's `flash_attn_interface` on Hopper, FA2's
+    `flash_attn`): the contract's (B, T, H, D) layout, GQA and bottom-right causal its own."""
+    flash_attn_func = importlib.import_module(module).flash_attn_func
+    return lambda: flash_attn_func(q, k, v, causal=p.causal)
+
+
+def _flashmla_dense(p: Problem, q, k, v):
+    """FlashMLA's dense MLA decode (SM90, `flash_mla_with_kvcache` without indices): the keys
+    copied into a cache of 64-token pages (its one page size), V read from K's cache (K = V)."""
+    from fmha.contract import NotSupportedError
+
+    flash_mla = importlib.import_module("flash_mla")
+    if not p.shared_kv:
+        raise NotSupportedError("FlashMLA's dense decode reads V from K's cache: K = V only")
+    page, pages = 64, -(-p.kv_len // 64)
+    cache = k.new_zeros(p.batch, pages * page, p.heads_kv, p.head_dim)
+    cache[:, :p.kv_len] = k
+    cache = cache.view(p.batch * pages, page, p.heads_kv, p.head_dim)
+    table = torch.arange(p.batch * pages, dtype=torch.int32, device=q.device).view(p.batch, pages)
+    lengths = torch.full((p.batch,), p.kv_len, dtype=torch.int32, device=q.device)
+    schedule, _ = flash_mla.get_mla_metadata()
+    return lambda: flash_mla.flash_mla_with_kvcache(q, cache, table, lengths, p.head_dim_v, schedule, causal=p.causal)
+
+
 CONTENDERS = {
     "fmha": _ours,  # fmha.attention: the Gluon kernel where it applies (bf16 hd512)
     "fmha, Triton only": lambda *a: _ours(*a, implementation="triton"),
@@ -161,6 +188,17 @@ CONTENDERS = {
     "sdpa cudnn": lambda *a: _sdpa("CUDNN_ATTENTION", *a),
     "flex": _flex,
 }
+# Peers timed where their package is installed (a column of "not installed" says nothing).
+INSTALLED_PEERS = {
+    "FlashAttention 3": ("flash_attn_interface", lambda *a: _flash_attention("flash_attn_interface", *a)),
+    "FlashAttention 2": ("flash_attn", lambda *a: _flash_attention("flash_attn", *a)),
+    "FlashMLA dense": ("flash_mla", _flashmla_dense),
+}
+
+
+def installed_peers() -> dict:
+    """The peers of INSTALLED_PEERS whose package imports here."""
+    return {name: make for name, (module, make) in INSTALLED_PEERS.items() if importlib.util.find_spec(module)}
 
 
 def time_us(fn) -> float:
@@ -180,7 +218,8 @@ def _wall_seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-PEER = "FlashMLA"  # the best other kernel, where a bench has it: its column gets fmha's ratio to it
+# The best other kernels, where a bench has them: the first present gets fmha's ratio column.
+PEERS = ("FlashMLA", "FlashMLA dense", "FlashAttention 3", "FlashAttention 2")
 
 
 def _ratio(ours: str, other) -> str:
@@ -200,9 +239,9 @@ def ours(contenders, yours=()) -> str:
 
 def peer(contenders, yours=()) -> str | None:
     """The contender the second ratio column compares with: fmha for a kernel of yours, else the
-    best other kernel where a bench has it (PEER)."""
-    wanted = "fmha" if yours else PEER
-    return wanted if wanted in contenders else None
+    first of PEERS the bench has."""
+    wanted = ("fmha",) if yours else PEERS
+    return next((name for name in wanted if name in contenders), None)
 
 
 def _rows(shapes: dict, contenders: dict, make_inputs, floor_us, table: Table, clock_table: Table | None = None,
@@ -279,7 +318,8 @@ def main(argv=None) -> int:
         shapes, every, make_inputs = sparse_bench.SHAPES, sparse_bench.CONTENDERS, lambda p: (sparse_bench.inputs(p),)
         work = sparse_bench.flops, sparse_bench.bytes_moved
     else:
-        shapes, every, make_inputs = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}, CONTENDERS, inputs
+        shapes, make_inputs = {**SPEED_SHAPES, **({} if args.quick else GRID_DECODE)}, inputs
+        every = {**CONTENDERS, **installed_peers()}
         work = flops, bytes_moved
     contenders = {**yours, **{k: v for k, v in every.items() if not args.only or k in args.only}}
     table = _table(contenders, list(yours))
