@@ -102,7 +102,14 @@ def _matrix(args) -> int:
     only = {name for name, m in mutants.items() if m.trap not in shipped} if args.fmha_cases else None
     only = set() if args.new_only else only  # the rows no run has computed only
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    rows = kill_matrix.build(device, args.law_examples, args.jobs, cache, progress=say,
+
+    def save(rows: dict) -> None:
+        os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+        with open(cache_path, "w") as f:
+            json.dump(rows, f, indent=1, sort_keys=True)
+            f.write("\n")
+
+    rows = kill_matrix.build(device, args.law_examples, args.jobs, cache, progress=say, save=save,
                              cases_dirs=tuple(os.path.abspath(d) for d in args.fmha_cases), mutants=mutants, only=only)
     stale = kill_matrix.stale_rows(cache, mutants, args.law_examples)
     correct = kill_matrix.correct_kernel_failures(kernels, device, progress=say)
@@ -112,10 +119,7 @@ def _matrix(args) -> int:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text)
-    os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-    with open(cache_path, "w") as f:
-        json.dump(cache, f, indent=1, sort_keys=True)
-        f.write("\n")
+    save(cache)
     print(text)
     missed = [r.mutant for r in rows if any(f == "(passed)" for f in r.own)]
     false_failures = {k: f for k, f in correct.items() if f}

@@ -312,9 +312,10 @@ def _first_commit_since(commit: str, paths: list[str]) -> str:
 
 def build(device: str, law_examples: int | None = None, jobs: int = 1, cache: dict | None = None, progress=print,
           cases_dirs: tuple[str, ...] = (), mutants: dict[str, Mutant] | None = None,
-          only: set[str] | None = None) -> list[Row]:
+          only: set[str] | None = None, save=lambda cache: None) -> list[Row]:
     """One row per matrix mutant (or per one of `mutants`), reusing rows in `cache` whose key
-    still matches (the cache is updated in place); with `only`, the stale rows of other mutants are
+    still matches (the cache is updated in place and `save`d after each row computed: an hour's
+    matrix cut short keeps what it computed); with `only`, the stale rows of other mutants are
     reused as they are (a user's own traps' rows, without an hour of fmha's). With jobs > 1,
     mutants run in parallel child processes, which load the traps of `cases_dirs` (--fmha-cases)
     as this process has."""
@@ -335,6 +336,7 @@ def build(device: str, law_examples: int | None = None, jobs: int = 1, cache: di
         for done, row in enumerate(computing, 1):  # each row as it comes: a fresh matrix takes minutes
             cache[row.mutant] = {"key": keys[row.mutant], "row": dataclasses.asdict(row),
                                  "files": row_files(mutants[row.mutant]), "commit": commit}
+            save(cache)
             caught = "" if not row.own else ("own cases caught, " if all(f != "(passed)" for f in row.own)
                                               else "own cases MISSED, ")
             progress(f"[{done}/{len(stale)}, {time.perf_counter() - start:.0f} s] {row.mutant}: {caught}"

@@ -85,11 +85,12 @@ def test_at_least_three_test_functions_catch_every_mutant_of_the_matrix():
 
 
 @pytest.mark.cpu_tier  # a row computed on the CPU, whatever the session's device
-def test_each_row_is_reported_as_it_is_computed():
-    lines = []
+def test_each_row_is_reported_and_saved_as_it_is_computed():
+    lines, saved = [], []
     cache = {"gone-mutant": {"key": "x", "row": {}}}
-    rows = kill_matrix.build("cpu", 1, cache=cache, progress=lines.append,
+    rows = kill_matrix.build("cpu", 1, cache=cache, progress=lines.append, save=lambda c: saved.append(set(c)),
                              mutants={"minus-one-is-slot-0": MUTANTS["minus-one-is-slot-0"]})
+    assert saved == [{"gone-mutant", "minus-one-is-slot-0"}], saved  # a run cut short after it keeps the row
     assert lines[0] == "1 row(s) to compute, 0 reused"
     assert re.fullmatch(r"\[1/1, \d+ s\] minus-one-is-slot-0: own cases caught, \d+ test functions, \d+/\d+ laws "
                         r"\(\d+ s\)", lines[1]), lines
