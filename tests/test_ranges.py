@@ -2,6 +2,7 @@
 what a call is counted as showing."""
 
 import dataclasses
+from pathlib import Path
 
 from fmha.contract import ranges
 from fmha.oracles import storage
@@ -10,6 +11,12 @@ from fmha.oracles.reference_kernel import CAPABILITIES, ENTRY
 from fmha.oracles.sample import Sample
 from fmha.contract import Problem
 from fmha.registry import resolve_kernel
+
+
+def test_the_sizes_table_in_docs_contract_md_is_the_records():
+    doc = Path(__file__).resolve().parents[1] / "docs" / "contract.md"
+    table = doc.read_text().split("<!-- sizes: generated -->\n", 1)[1].split("<!-- sizes: end -->", 1)[0]
+    assert table == ranges.markdown(), "docs/contract.md's sizes table is out of date: python -m fmha.contract.ranges"
 
 
 def test_a_range_lists_its_ends_their_neighbours_the_width_boundaries_inside_and_model_values():

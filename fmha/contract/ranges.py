@@ -151,3 +151,24 @@ def affordable(symbol: str, value: int, caps) -> bool:
 def applies(symbol: str, caps) -> bool:
     """Whether a kernel of `caps` makes calls that have the size `symbol`."""
     return bool(set(SIZES[symbol].sources) & set(caps.sources))
+
+
+def markdown() -> str:
+    """docs/contract.md's table of sizes, from the records: each size's freedoms over the
+    contract's range (a kernel's declaration narrows them), and what a CPU run affords."""
+    from fmha.tables import Table
+
+    table = Table(["size", "meaning", "calls", "range", "its freedoms", "a CPU run affords"])
+    for s in SIZES.values():
+        found = values(s)
+        widths = [k for k in WIDTHS if f"2^{k}" in found]
+        models = ", ".join(label for label in found if label.startswith("="))
+        freedoms = ["min, min+1, max-1, max", f"2^k-1, 2^k, 2^k+1 for k in {', '.join(map(str, widths))}",
+                    *([f"models' {models}"] if models else [])]
+        table.add(s.symbol, s.meaning, ", ".join(s.sources), "1 .. 2^31-1" if s.hi == INT32_MAX else f"1 .. {s.hi}",
+                  "; ".join(freedoms), "a cache of 2^18 slots" if s.symbol == "pages" else f"up to {s.affordable}")
+    return table.markdown() + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
