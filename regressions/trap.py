@@ -17,7 +17,7 @@ import torch
 
 from fmha.contract import KernelEntry
 from fmha.contract.ranges import PAGE_SLOTS_AFFORDABLE, cache_affordable
-from fmha.oracles.check import judge_run, oracle_of
+from fmha.oracles.check import judge_run, oracle_of, verdict_of
 from fmha.oracles.kernel_call import run_kernel
 from fmha.oracles.sample import Sample
 from fmha.properties.strategies import round_up
@@ -144,8 +144,10 @@ def laid_out_for(kernel: KernelEntry, case: Sample, device: str, mutants=()) -> 
 
 
 def _fails(mutant: KernelEntry, case: Sample, device: str) -> bool:
+    """Whether the mutant fails the layout: the verdict alone (its likely causes rerun the kernel,
+    and a layout is chosen many times a run)."""
     try:
-        return bool(check_case(mutant, case, device))
+        return not verdict_of(run_kernel(mutant, case.inputs(device))).passed
     except Exception:  # noqa: BLE001 -- a mutant that raises on the layout is caught by it
         return True
 
