@@ -3,8 +3,10 @@ fmha's and SDPA's on the same shapes, with the ratio columns about it. Without a
 is a smoke run on the CPU (wall clock, no floor): what CI can check is that the command, the
 plug-in and the table work; the timings themselves are a GPU's (BENCHMARKS.md)."""
 
+import importlib.util
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,9 +80,12 @@ def test_the_installed_peers_are_timed_on_the_contracts_inputs_in_their_own_layo
     bench's inputs in its own layout (FlashMLA's: a cache of 64-token pages), checked here
     against stand-ins that answer as the contract does; FlashMLA leads the ratio column."""
     assert bench.installed_peers() == {}  # none is installed on the CPU runner
-    (tmp_path / "flash_attn.py").write_text(FAKE_FLASH_ATTN)
-    (tmp_path / "flash_mla.py").write_text(FAKE_FLASH_MLA)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, text in (("flash_attn", FAKE_FLASH_ATTN), ("flash_mla", FAKE_FLASH_MLA)):
+        (tmp_path / f"{name}.py").write_text(text)
+        spec = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        monkeypatch.setitem(sys.modules, name, module)  # gone again after the test: no other test sees it
     peers = bench.installed_peers()
     assert list(peers) == ["FlashAttention 2", "FlashMLA dense"]
     assert bench.peer({**bench.CONTENDERS, **peers}) == "FlashMLA dense"
