@@ -151,7 +151,7 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict) -> list[str]:
         requests = _wrong_requests(run, oracle, floor) if x.problem.source == "paged" else []
         return requests + unread + _lse_layout_and_sink(run, oracle)
     error = _rel_l2(run.o, oracle.o)
-    x, matched = _unread_zeroed(x), []
+    x, matched = _unread_zeroed(x), {}
     if error >= 4 * floor:  # else not wrong enough to tell one wrong reference from another
         for description, (applies, wrong_reference) in MISTAKES.items():
             if applies(x):
@@ -159,11 +159,11 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict) -> list[str]:
                 alternative = _rel_l2(run.o, wrong)
                 rounding = _rel_l2(wrong.to(x.problem.dtype), wrong)  # what returning that answer costs
                 if alternative < 0.25 * error and alternative < 10 * max(floor, rounding):
-                    matched.append(f"output matches {description}: rel-L2 {alternative:.3g} to that, "
-                                   f"{error:.3g} to the contract")
+                    matched[description] = (f"output matches {description}: rel-L2 {alternative:.3g} to that, "
+                                            f"{error:.3g} to the contract")
     # an output a wrong reference reproduces is explained: the lost rows' gaps are then circumstance
     lost = [] if matched else _max_before_mask(run, oracle)
-    hints = unread + lost + matched
+    hints = unread + lost + list(matched.values())
     if not hints and error >= 2 * floor:  # an output at its floor is not the error a precision explains
         for description, (applies, at_precision) in PRECISIONS.items():
             if applies(x.problem):
@@ -172,9 +172,8 @@ def explain(run: Run, oracle: Oracle, verdict: Verdict) -> list[str]:
                     hints.append(f"error matches {description}: rel-L2 {error:.3g}; that precision alone gives "
                                  f"{expected:.3g}, the {DTYPE_NAMES[x.problem.dtype]} floor is {floor:.3g}")
     # an output computed without the sink has an LSE without it: one bug, not FlashMLA's convention
-    sink_ignored = any(h.startswith(f"output matches {SINK_IGNORED}") for h in matched)
     return (hints + _lse_layout_and_sink(run, oracle, sink_hint=not lost)
-            + _lse_conventions(run, oracle, sink_convention=not sink_ignored))
+            + _lse_conventions(run, oracle, sink_convention=SINK_IGNORED not in matched))
 
 
 def _unread_zeroed(x: Inputs) -> Inputs:

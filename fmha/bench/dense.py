@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib
 import importlib.util
 import statistics
@@ -162,12 +163,12 @@ def _flash_attention(module: str, p: Problem, q, k, v):
     return lambda: flash_attn_func(q, k, v, causal=p.causal)
 
 
-def _flashmla_dense(p: Problem, q, k, v):
+def _flashmla_dense(module: str, p: Problem, q, k, v):
     """FlashMLA's dense MLA decode (SM90, `flash_mla_with_kvcache` without indices): the keys
     copied into a cache of 64-token pages (its one page size), V read from K's cache (K = V)."""
     from fmha.contract import NotSupportedError
 
-    flash_mla = importlib.import_module("flash_mla")
+    flash_mla = importlib.import_module(module)
     if not p.shared_kv:
         raise NotSupportedError("FlashMLA's dense decode reads V from K's cache: K = V only")
     page, pages = 64, -(-p.kv_len // 64)
@@ -188,17 +189,19 @@ CONTENDERS = {
     "sdpa cudnn": lambda *a: _sdpa("CUDNN_ATTENTION", *a),
     "flex": _flex,
 }
-# Peers timed where their package is installed (a column of "not installed" says nothing).
+# Peers timed where their package is installed (a column of "not installed" says nothing):
+# name -> (package, contender given the package's name).
 INSTALLED_PEERS = {
-    "FlashAttention 3": ("flash_attn_interface", lambda *a: _flash_attention("flash_attn_interface", *a)),
-    "FlashAttention 2": ("flash_attn", lambda *a: _flash_attention("flash_attn", *a)),
+    "FlashAttention 3": ("flash_attn_interface", _flash_attention),
+    "FlashAttention 2": ("flash_attn", _flash_attention),
     "FlashMLA dense": ("flash_mla", _flashmla_dense),
 }
 
 
 def installed_peers() -> dict:
-    """The peers of INSTALLED_PEERS whose package imports here."""
-    return {name: make for name, (module, make) in INSTALLED_PEERS.items() if importlib.util.find_spec(module)}
+    """The contenders of INSTALLED_PEERS whose package imports here."""
+    return {name: functools.partial(make, module) for name, (module, make) in INSTALLED_PEERS.items()
+            if importlib.util.find_spec(module)}
 
 
 def time_us(fn) -> float:
