@@ -109,6 +109,9 @@ def _run(kernel_spec: str, samples: list[Sample], names=GUARDED) -> tuple[int | 
                 status, payload = receiver.recv()
             except EOFError:
                 child.join(10)
+                if current is None:  # died loading the kernel or its cases: nothing was read, nothing checked
+                    raise RuntimeError(f"the guarded-reads child for {kernel_spec} ended ({describe_exit(child.exitcode)}) "
+                                       "before its first case: the reads were not checked (its stderr is above)")
                 return current, describe_exit(child.exitcode)
             if status == "case":
                 current = payload

@@ -93,9 +93,12 @@ def installed(tmp_path_factory):
         if not entry.name.startswith(("fmha", "__editable__")) and entry.suffix != ".pth":
             (deps / entry.name).symlink_to(entry)
     (site / "dependencies.pth").write_text(f"{deps}\n")
-    # The console script pip would write for pytest: its directory, not the user's, on sys.path.
+    # The console script pip would write for pytest: its directory, not the user's, on sys.path, and
+    # the main guard (a child that multiprocessing starts re-imports the script: without the guard it
+    # would run a session of its own)
     script = bin_dir / "pytest"
-    script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n")
+    script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom pytest import console_main\n\n"
+                      "if __name__ == '__main__':\n    sys.exit(console_main())\n")
     script.chmod(0o755)
     # the user's environment: not this session's bytecode cache either (pip would record the
     # package's bytecode there, outside its site-packages)

@@ -200,6 +200,14 @@ def test_a_kernel_that_reads_one_entry_past_a_table_fails_naming_it(pytester, pl
     assert not over_reads("reference", [TRAPS[trap].cases[0]])
 
 
+def test_a_guarded_reads_child_that_never_reaches_a_case_is_an_error_not_a_pass():
+    """A child that cannot load the kernel (or dies before its first case) checked nothing."""
+    from fmha.regressions.guarded_reads import over_reads
+
+    with pytest.raises(RuntimeError, match=r"ended \(exit code 1\) before its first case"):
+        over_reads("no_such_module_anywhere:fwd", [TRAPS["last-partial-page"].cases[0]])
+
+
 # -- a judge the kernel cannot rewrite (fmha.oracles.guard) ------------------------------------------------
 
 DENSE = Sample(problem=Problem(batch=1, q_len=3, kv_len=9, heads_q=2, heads_kv=1, head_dim=16), scale=0.25)
