@@ -89,12 +89,12 @@ def test_each_row_is_reported_and_saved_as_it_is_computed():
     lines, saved = [], []
     cache = {"gone-mutant": {"key": "x", "row": {}}}
     rows = kill_matrix.build("cpu", 1, cache=cache, progress=lines.append, save=lambda c: saved.append(set(c)),
-                             mutants={"minus-one-is-slot-0": MUTANTS["minus-one-is-slot-0"]})
-    assert saved == [{"gone-mutant", "minus-one-is-slot-0"}], saved  # a run cut short after it keeps the row
+                             mutants={"illegal-memory-access": MUTANTS["illegal-memory-access"]})
+    assert saved == [{"gone-mutant", "illegal-memory-access"}], saved  # a run cut short after it keeps the row
     assert lines[0] == "1 row(s) to compute, 0 reused"
-    assert re.fullmatch(r"\[1/1, \d+ s\] minus-one-is-slot-0: own cases caught, \d+ test functions, \d+/\d+ laws "
+    assert re.fullmatch(r"\[1/1, \d+ s\] illegal-memory-access: own cases caught, \d+ test functions, \d+/\d+ laws "
                         r"\(\d+ s\)", lines[1]), lines
-    assert [r.mutant for r in rows] == ["minus-one-is-slot-0"] and set(cache) == {"minus-one-is-slot-0"}
+    assert [r.mutant for r in rows] == ["illegal-memory-access"] and set(cache) == {"illegal-memory-access"}
 
 
 def _shipped_rows_all_stale() -> dict:
