@@ -14,6 +14,8 @@ from fmha.ci.run_record import RunRecord
 from fmha.oracles.distributions import DISTRIBUTIONS
 from fmha.properties.feature_cases import FEATURE_CASES
 
+pytestmark = pytest.mark.cpu_tier  # verify on the CPU (--fmha-device cpu): a CUDA session runs it with --fmha-nightly
+
 RAISING = textwrap.dedent('''
     from fmha.registry import KERNELS
 
