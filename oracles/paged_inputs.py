@@ -21,7 +21,7 @@ import torch
 
 from fmha.contract.problem import LOGIT_LIMIT
 from fmha.contract.slots import request_slots
-from fmha.oracles import oracle, quantization, storage
+from fmha.oracles import oracle, quantization
 from fmha.oracles.hazards import invalid_run, invisible_keys, numeric_codes
 from fmha.oracles.inputs import Inputs
 
@@ -79,23 +79,15 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     p = sample.problem
     B, bs = p.batch, p.block_size
     kv_lens = sample.kv_lens or (p.kv_len,) * B
-    longest = max(range(B), key=kv_lens.__getitem__)
-    one_table = _one_table(sample)
-    if one_table:  # each request's keys a prefix of the longest one's, in its pages
-        for b in range(B):
-            k[b, :kv_lens[b]] = k[longest, :kv_lens[b]]
-            if v is not k:
-                v[b, :kv_lens[b]] = v[longest, :kv_lens[b]]
-    shared = sample.shared_pages and kv_lens[0] >= bs and not one_table
-    if shared:
+    if sample.shared_pages and kv_lens[0] >= bs:
         for b in range(1, B):  # a shared prefix: the same keys in one physical page
             if kv_lens[b] >= bs:
                 k[b, :bs] = k[0, :bs]
                 if v is not k:
                     v[b, :bs] = v[0, :bs]
     pages_of = [math.ceil(n / bs) for n in kv_lens]
-    own = [0 if one_table and b != longest else n - (1 if shared and b and kv_lens[b] >= bs else 0)
-           for b, n in enumerate(pages_of)]
+    shared = sample.shared_pages and kv_lens[0] >= bs
+    own = [n - (1 if shared and b and kv_lens[b] >= bs else 0) for b, n in enumerate(pages_of)]
     num_blocks = sum(own) + 1  # the last physical page (in shuffled order) is poison only
     if "padded-pages" in sample.hazards:
         num_blocks = max(num_blocks, 2)  # a page stride shows between two pages
@@ -107,11 +99,9 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
         num_blocks += base
     max_blocks = max(pages_of, default=0) + 1  # one entry past the longest request: poison
     table = [[spare] * max_blocks for _ in range(B)]
-    for b in ([longest] if one_table else range(B)):
+    for b in range(B):
         for i in range(pages_of[b]):
             table[b][i] = table[0][0] if shared and b and i == 0 and kv_lens[b] >= bs else next(order)
-    if one_table:
-        table = [list(table[longest]) for _ in range(B)]
     cast = dict(dtype=p.dtype, device=device)
     q_lens = (sample.q_lens or (p.q_len,) * B) if p.ragged else (p.q_len,) * B
     read = _read(table, kv_lens, bs)
@@ -141,14 +131,6 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     if "strided-queries" in sample.hazards:
         q = _strided_heads(q, fill)
     return Inputs(sample, q, k_call, v_call, sink, _given(args), [source])
-
-
-def _one_table(sample: Sample) -> bool:
-    """Whether every request reads one row of the block table: a table at stride 0 along B
-    (requests sharing all their pages, as parallel samples of one prompt do), whose rows the
-    layout makes one (fmha.oracles.storage.lay_out)."""
-    spec = sample.storages.get("block_table")
-    return bool(spec) and "zero:B" in storage.forms(spec, storage.record("block_table", sample.problem))
 
 
 def _padded(cache: torch.Tensor, fill: float) -> torch.Tensor:

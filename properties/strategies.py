@@ -195,7 +195,7 @@ def samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(D
 # pages and keys the draw gave another). Their records allow it; the coverage audit lists them as
 # not drawn.
 NOT_DRAWN = {"k cache": ("zero:num_blocks", "zero:block_size"), "v cache": ("zero:num_blocks", "zero:block_size"),
-             "block_table": ("overlap:B",), "indices": ("overlap:B", "overlap:T"),
+             "block_table": ("zero:B", "overlap:B"), "indices": ("overlap:B", "overlap:T"),
              "extra_indices": ("overlap:B", "overlap:T")}
 
 
