@@ -170,6 +170,11 @@ def _suite_inside_fmha() -> bool:
 
 def pytest_sessionstart(session):
     progress.install(session.config)
+    from _pytest.junitxml import xml_key  # the report --junitxml writes (on xdist's controller)
+
+    report = session.config.stash.get(xml_key, None)
+    if report is not None:  # a green run's seed kept beside its results: its values can be drawn again
+        report.add_global_property("fmha_seed", session.config.stash[RUN_SEED])
 
 
 def _selection(config) -> tuple[list[KernelEntry], list]:

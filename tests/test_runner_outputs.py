@@ -39,8 +39,10 @@ def test_two_shards_are_disjoint_cover_everything_and_repeat(pytester):
 def test_junit_xml_lists_every_test(pytester, device):
     pytester.makepyfile(test_session=SESSION)
     report = pytester.path / "junit.xml"
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--fmha-device={device}", "-n", "2",
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--fmha-device={device}", "-n", "2", "--fmha-seed=4242",
                                   f"--junitxml={report}").assert_outcomes(passed=10)
+    seeds = [p.get("value") for p in ET.parse(report).getroot().iter("property") if p.get("name") == "fmha_seed"]
+    assert seeds == ["4242"], seeds  # the run's values drawn again from the report alone
     cases = ET.parse(report).getroot().iter("testcase")
     names = sorted(c.get("name") for c in cases)
     assert names == sorted(f"test_n[{n}]" for n in range(10))
