@@ -412,7 +412,7 @@ def test_an_element_of_a_row_whose_logits_cancel_is_allowed_what_the_rows_logits
                     scale=1.0, distribution="upper_half_energy", seed=178, k_storage="order:B.Hkv.S+overlap:S",
                     run_seed=40693906205165240)
     x = sample.inputs()
-    keys = x.k[:, torch.randperm(183, generator=torch.Generator().manual_seed(sample.values_seed))]
+    keys = x.k[:, torch.randperm(sample.problem.kv_len, generator=torch.Generator().manual_seed(sample.values_seed))]
     o, lse = dispatch.attention(x.q, keys, keys, scale=1.0)
     oracle = oracle_of(x)
     scales = dict(logit_magnitude=oracle.logit_magnitude, oracle_squares=oracle.o_squares)
