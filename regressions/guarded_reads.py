@@ -111,7 +111,9 @@ def _run(kernel_spec: str, samples: list[Sample], names=GUARDED) -> tuple[int | 
                 child.join(10)
                 if current is None:  # died loading the kernel or its cases: nothing was read, nothing checked
                     raise RuntimeError(f"the guarded-reads child for {kernel_spec} ended ({describe_exit(child.exitcode)}) "
-                                       "before its first case: the reads were not checked (its stderr is above)")
+                                       "before its first case: the reads were not checked (its stderr is above; a "
+                                       "script that starts the session without `if __name__ == '__main__':` runs "
+                                       "again in each child multiprocessing starts)")
                 return current, describe_exit(child.exitcode)
             if status == "case":
                 current = payload
