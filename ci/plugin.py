@@ -30,6 +30,7 @@ import subprocess
 import sys
 
 import pytest
+from _pytest import junitxml  # its report object, to keep the run's seed in the XML
 
 from fmha.ci import bytecode, progress
 from fmha.contract import KernelEntry, NotSupportedError, Problem
@@ -170,9 +171,7 @@ def _suite_inside_fmha() -> bool:
 
 def pytest_sessionstart(session):
     progress.install(session.config)
-    from _pytest.junitxml import xml_key  # the report --junitxml writes (on xdist's controller)
-
-    report = session.config.stash.get(xml_key, None)
+    report = session.config.stash.get(junitxml.xml_key, None)  # --junitxml's (on xdist's controller)
     if report is not None:  # a green run's seed kept beside its results: its values can be drawn again
         report.add_global_property("fmha_seed", session.config.stash[RUN_SEED])
 
