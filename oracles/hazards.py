@@ -56,6 +56,9 @@ class Hazard:
     mutant: str  # the mutant only this hazard exposes (fmha.regressions.mutants)
     opt_out: str = ""  # the Capabilities field that, False, keeps it out of a kernel's draws
     exercised_by: str = ""  # a sequence hazard's law; a call hazard's function
+    # A storage hazard's form: the call's arguments it lays out and the freedoms of their record
+    # (fmha.contract.arguments) that make it, "+"-joined; laid out by fmha.oracles.storage.lay_out.
+    form: tuple[tuple[str, ...], str] = ((), "")
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -344,14 +347,15 @@ def _without(name: str) -> Callable[[Sample], Sample]:
     return lambda sample: sample.replace(hazards=tuple(h for h in sample.hazards if h != name))
 
 
-def _packed(name: str, *arguments: str) -> Callable[[Sample], Sample]:
-    """Without hazard `name`, a storage form of `arguments` (a step, a padded page): those
-    arguments packed, whatever other form the draw gave them (fmha.oracles.storage)."""
+def _storage_hazard(name: str, freedom: str, hostile: str, applies: Callable[[Problem], bool],
+                    present: Callable[[Inputs], bool], mutant: str, arguments: tuple[str, ...], form: str) -> Hazard:
+    """A hazard that is a storage form of `arguments` (freedoms of their record): removed, those
+    arguments are packed, whatever other form the draw gave them (fmha.oracles.storage)."""
     def remove(sample: Sample) -> Sample:
         own = {f"{a}_storage": "contiguous" for a in arguments if a in ("q", "k", "v")}
         kept = tuple((a, f) for a, f in sample.storage if a not in arguments)
         return sample.replace(hazards=tuple(h for h in sample.hazards if h != name), storage=kept, **own)
-    return remove
+    return Hazard(name, freedom, hostile, "layout", applies, present, remove, mutant, form=(arguments, form))
 
 
 def _reset(**fields) -> Callable[[Sample], Sample]:
@@ -405,15 +409,17 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in (
            "layout", lambda p: (p.source == "paged" and (p.window is not None or p.empty_query_requests)) or (
                p.source == "dense" and invisible_keys(p.q_len, p.kv_len, p.window) > 0),
            _invisible_keys_poisoned, _without("invisible-keys"), "invisible-values-weighted"),
-    Hazard("wide-block-table", "block_table's row stride (only its last dim must be contiguous)", "a column slice of "
-           "a wider table whose hidden columns name a page of poison", "layout", lambda p: p.source == "paged" and p.batch > 1,
-           _wide_table, _packed("wide-block-table", "block_table"), "table-rows-assumed-packed"),
-    Hazard("padded-pages", "a cache's page and token strides", "pages with poisoned slots after their tokens and "
-           "tokens with a poisoned gap after their heads (a quantized cache: one more 576-byte unit of NaN codes a "
-           "page)", "layout", lambda p: p.source != "dense", _padded_pages, _packed("padded-pages", "k", "v", "extra_k_cache"),
-           "cache-page-stride-ignored"),
-    Hazard("strided-queries", "q's head and row strides", "q a view with a poisoned gap between heads", "layout",
-           lambda p: p.source != "dense" and p.heads_q > 1, _strided_queries, _packed("strided-queries", "q"), "queries-assumed-packed"),
+    _storage_hazard("wide-block-table", "block_table's row stride (only its last dim must be contiguous)", "every "
+                    "other row of a taller table, the rows between naming a page of poison",
+                    lambda p: p.source == "paged" and p.batch > 1, _wide_table, "table-rows-assumed-packed",
+                    ("block_table",), "step:B"),
+    _storage_hazard("padded-pages", "a cache's page and token strides", "every other page, and in it every other slot, "
+                    "of a larger buffer, the pages and slots between holding poison (a quantized cache: one "
+                    "more 576-byte unit of NaN codes a page)", lambda p: p.source != "dense", _padded_pages,
+                    "cache-page-stride-ignored", ("k", "v", "extra_k_cache"), "step:num_blocks+step:block_size"),
+    _storage_hazard("strided-queries", "q's head and row strides", "q a view with a poisoned head between every "
+                    "two of its heads", lambda p: p.source != "dense" and p.heads_q > 1, _strided_queries,
+                    "queries-assumed-packed", ("q",), "step:Hq"),
     Hazard("invalid-runs", "-1 anywhere in a row of indices", "runs of -1 as long as a 64-key tile at the start, in "
            "the middle and at the end of rows, with valid indices after them", "layout",
            lambda p: p.source == "sparse" and invalid_run(p.kv_len) > 0, _invalid_runs, _without("invalid-runs"), "masked-leading-tile-nan"),
@@ -518,7 +524,8 @@ def markdown() -> str:
     for h in HAZARDS.values():
         opt_out = f"`{h.opt_out}=False`" if h.opt_out else "—"
         kind = h.kind + (f" (`{h.exercised_by}`)" if h.exercised_by else "")
-        table.add(f"`{h.name}`", kind, h.freedom, h.hostile, opt_out, f"`mutant:{h.mutant}`")
+        hostile = h.hostile + (f" (`{'`, `'.join(h.form[0])}` as `{h.form[1]}`)" if h.form[0] else "")
+        table.add(f"`{h.name}`", kind, h.freedom, hostile, opt_out, f"`mutant:{h.mutant}`")
     return table.markdown() + "\n"
 
 

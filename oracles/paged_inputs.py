@@ -21,8 +21,8 @@ import torch
 
 from fmha.contract.problem import LOGIT_LIMIT
 from fmha.contract.slots import request_slots
-from fmha.oracles import oracle, quantization
-from fmha.oracles.hazards import invalid_run, invisible_keys, numeric_codes
+from fmha.oracles import oracle, quantization, storage
+from fmha.oracles.hazards import HAZARDS, invalid_run, invisible_keys, numeric_codes
 from fmha.oracles.inputs import Inputs
 
 if TYPE_CHECKING:  # a Sample lays itself out here
@@ -112,11 +112,12 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     v_cache = k_cache if v is k else _scatter(v, table, kv_lens, bs, num_blocks, fill, cast, read)
     hostile = "padded-pages" in sample.hazards
     if hostile and p.cache_layout is None:
-        k_cache, v_cache = _padded(k_cache, fill), (None if v_cache is k_cache else _padded(v_cache, fill))
-        v_cache = k_cache if v_cache is None else v_cache
+        padded = _in_hazard_form("padded-pages", "k", k_cache, p, fill)
+        v_cache = padded if v_cache is k_cache else _in_hazard_form("padded-pages", "v", v_cache, p, fill)
+        k_cache = padded
     table_tensor = _int32(table, device)
     if "wide-block-table" in sample.hazards:
-        table_tensor = _wide(table_tensor, spare)
+        table_tensor = _in_hazard_form("wide-block-table", "block_table", table_tensor, p, spare)
     args = dict(block_table=table_tensor, kv_lens=_int32(kv_lens, device))
     q = q.to(**cast)
     if p.ragged:
@@ -129,33 +130,14 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     source = oracle.Paged(oracle_k, oracle_v, args["block_table"], args["kv_lens"])
     q = _logits_in_range(sample, _meeting_outliers(sample, q), [source], args.get("cu_seqlens_q"))
     if "strided-queries" in sample.hazards:
-        q = _strided_heads(q, fill)
+        q = _in_hazard_form("strided-queries", "q", q, p, fill)
     return Inputs(sample, q, k_call, v_call, sink, _given(args), [source])
 
 
-def _padded(cache: torch.Tensor, fill: float) -> torch.Tensor:
-    """`cache` (num_blocks, block_size, H, D) as a view whose pages hold one more slot and whose
-    tokens one more head, all poison: page, token and head strides none of them packed."""
-    num_blocks, block_size, heads, dim = cache.shape
-    wide = torch.full((num_blocks, block_size + 1, heads + 1, dim), fill, dtype=cache.dtype, device=cache.device)
-    view = wide[:, :block_size, :heads]
-    view.copy_(cache)
-    return view
-
-
-def _wide(table: torch.Tensor, spare: int) -> torch.Tensor:
-    """`table` as the first columns of a wider table whose other columns name the page of poison."""
-    wide = torch.full((table.shape[0], table.shape[1] + 3), spare, dtype=table.dtype, device=table.device)
-    wide[:, :table.shape[1]] = table
-    return wide[:, :table.shape[1]]
-
-
-def _strided_heads(q: torch.Tensor, fill: float) -> torch.Tensor:
-    """q (..., H, D) as a view with a poisoned head between every two of its heads."""
-    wide = torch.full((*q.shape[:-2], 2 * q.shape[-2], q.shape[-1]), fill, dtype=q.dtype, device=q.device)
-    view = wide[..., ::2, :]
-    view.copy_(q)
-    return view
+def _in_hazard_form(hazard: str, argument: str, t: torch.Tensor, problem, fill) -> torch.Tensor:
+    """`t`, the call's `argument`, laid out in storage hazard `hazard`'s form: freedoms of the
+    argument's record (fmha.contract.arguments), `fill` in the buffer around the view."""
+    return storage.lay_out(t, storage.record(argument, problem), HAZARDS[hazard].form[1], fill)
 
 
 def _coder(sample: Sample):
@@ -200,7 +182,7 @@ def _sparse(sample: Sample, g, q, k, sink, device, fill) -> Inputs:
     cache = args.pop("k_cache")
     q = _logits_in_range(sample, _meeting_outliers(sample, q.to(**cast)), sources)
     if "strided-queries" in sample.hazards:
-        q = _strided_heads(q, fill)
+        q = _in_hazard_form("strided-queries", "q", q, p, fill)
     return Inputs(sample, q, cache, cache, sink, _given(args), sources)
 
 
@@ -231,7 +213,7 @@ def _scope(sample, g, scope: int, k, block_size, topk_lens, layout, fill, cast, 
     cache = cache.view(num_blocks, block_size, *k.shape[2:])
     padded = "padded-pages" in sample.hazards
     if padded and layout is None:
-        cache = _padded(cache, fill)
+        cache = _in_hazard_form("padded-pages", f"{prefix}k_cache" if prefix else "k", cache, p, fill)
     topk_len = None if topk_lens is None else torch.tensor(topk_lens, dtype=torch.int32, device=cast["device"])
     limit = topk if topk_len is None else topk_len.view(-1, 1, 1)
     seen = indices[(indices >= 0) & (torch.arange(topk, device=indices.device) < limit)].long().cpu()

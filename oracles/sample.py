@@ -316,8 +316,7 @@ class Sample:
 
 
 # Layout hazards that are a storage form: an argument laid out again keeps them.
-_HAZARD_FORMS = {"strided-queries": (("q",), "step:Hq"), "wide-block-table": (("block_table",), "step:B"),
-                 "padded-pages": (("k", "v", "extra_k_cache"), "step:num_blocks+step:block_size")}
+_HAZARD_FORMS = {h.name: h.form for h in HAZARDS.values() if h.form[0]}
 
 
 # A hazard, and the storage forms of an argument that leave it no room: stride 0 along q's heads, or

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from fmha.oracles import run_seed
+from fmha.oracles import run_seed, storage
 from fmha.oracles.run_seed import FIXED
 from fmha.oracles.hazards import HAZARDS, applicable, invisible_keys, markdown, present
 from fmha.properties import covering, covering_array
@@ -109,6 +109,22 @@ def test_every_hazard_names_a_mutant_of_the_registry():
     assert not missing, missing
     sequences = {h.exercised_by for h in HAZARDS.values() if h.kind == "sequence"}
     assert sequences <= set(LAWS), sequences - set(LAWS)
+
+
+def test_each_storage_hazard_is_a_form_its_arguments_records_allow():
+    """A storage hazard is freedoms of its arguments' records (fmha.contract.arguments), laid out
+    by the function every storage draw uses: what the records cannot express, no hazard draws."""
+    problems = [s.problem for s in covering.covering_samples(REFERENCE, "cpu")
+                if s.problem.source != "dense" and not s.problem.cache_layouts]
+    assert {p.source for p in problems} == {"paged", "sparse"} and any(p.ragged for p in problems)
+    storage_hazards = {name: h.form for name, h in HAZARDS.items() if h.form[0]}
+    assert {"wide-block-table", "padded-pages", "strided-queries"} <= set(storage_hazards), storage_hazards
+    for name, (arguments, form) in storage_hazards.items():
+        for argument in arguments:
+            for problem in problems:
+                assert storage.forms(form, storage.record(argument, problem)), (name, argument)
+    with pytest.raises(ValueError, match="not among its freedoms"):
+        storage.forms("step:Hq", storage.record("block_table", problems[0]))  # the check can fail
 
 
 REMOVABLE = [name for name, h in HAZARDS.items() if h.kind in ("layout", "draw", "magnitude")]
