@@ -164,8 +164,9 @@ EVERY_KERNEL = ("thread", "out-reused")
 def replay(kernel: KernelEntry, run: Run, judge: Callable) -> None:
     """Replay a judged, passing call as this test's budget says: twinned with stale values while
     the test has twins left and the call holds poison; else, a kernel's first in this process, in
-    each of EVERY_KERNEL; else in the next other context while the test has replays there left. Raises an AssertionError naming the context where the answer is not
-    the same. `judge` gives a run's verdict (fmha.oracles.check.judge_run, which calls this)."""
+    each of EVERY_KERNEL; else, while the test has replays left, in a clean child while the process
+    has them, else the next other context. Raises an AssertionError naming the context where the
+    answer is not the same. `judge` gives a run's verdict (fmha.oracles.check.judge_run, which calls this)."""
     if REPLAYS.only:
         for name in filter(None, REPLAYS.only):
             why = _replayed_in(name, kernel, run, judge)
@@ -191,9 +192,12 @@ def replay(kernel: KernelEntry, run: Run, judge: Callable) -> None:
     if REPLAYS.others <= 0:
         return
     REPLAYS.others -= 1
-    others = [name for name in CONTEXTS if name != "stale"]
+    # A clean child first while this process has them: the one context a kernel that looks at its
+    # environment or its process (argv, the modules imported, pytest's variables) cannot tell from
+    # production; the others (each kernel's first call has them) in turn after it.
+    others = [name for name in CONTEXTS if name not in ("stale", "child")]
     start = REPLAYS.first % len(others)
-    for name in others[start:] + others[:start]:
+    for name in ["child"] * bool(REPLAYS.children) + others[start:] + others[:start]:
         REPLAYS.made[call] = name
         if _replayed_in(name, kernel, run, judge) is None:
             return

@@ -74,8 +74,15 @@ def _list(_args) -> int:
 
 
 def _matrix(args) -> int:
+    from fmha.kernels.triton_utils import triton_availability
     from fmha.regressions import kill_matrix, traps
     device = args.fmha_device
+    # A row is kept for any machine (its key is not the device's): rows made where fmha's Triton
+    # kernels cannot take this device's tensors would hold their laws as not applying to them.
+    unavailable = triton_availability(device)
+    if unavailable:
+        return _usage_error("matrix", f"--fmha-device {device}: {unavailable}; fmha's Triton kernels and their "
+                            "mutants would run none of their laws and the page would not say why")
     shipped = set(traps.TRAPS)
     try:
         traps.load_directories(args.fmha_cases)

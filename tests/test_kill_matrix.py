@@ -177,3 +177,18 @@ def test_new_only_computes_a_mutant_just_added_and_shows_the_stale_rows_as_they_
     assert computed == ["a-mutant-just-added"], computed
     page = (tmp_path / "page.md").read_text()
     assert "| no-scale (stale) |" in page and "| a-mutant-just-added |" in page
+
+
+def test_rows_are_refused_where_the_triton_kernels_cannot_run_on_the_device(monkeypatch, capsys):
+    """`--fmha-device cpu` on a machine whose processes compile Triton for its GPU: the Triton
+    mutants' laws would all be skipped as not theirs, rows saved for every machine would say so,
+    and the correct kernels would pass by running nothing. A usage error, naming the fix."""
+    from fmha.kernels import triton_utils
+    from fmha.regressions import cli
+
+    monkeypatch.setattr(triton_utils, "interpreting", lambda: False)
+    monkeypatch.setattr(kill_matrix, "build", lambda *a, **k: pytest.fail("rows computed"))
+    assert cli.main(["matrix", "--jobs", "1", "--fmha-device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--fmha-device cpu: CPU tensors need Triton's interpreter" in err and "TRITON_INTERPRET=1" in err, err
+    assert "Traceback" not in err

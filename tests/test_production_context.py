@@ -83,12 +83,28 @@ def test_a_failing_replay_fails_again_when_hypothesis_makes_its_example_again(mo
     kernel = MUTANTS["judge-on-the-stack"].kernel()
     production.start_of_test("1/a-test", twins=1, share=1.0, children=0, soak=1)
     monkeypatch.setattr(production.REPLAYS, "met", {kernel.name})  # its first call in the process is made
+    monkeypatch.setattr(production.REPLAYS, "children", 0)  # no child replay left: the others in turn
     production.REPLAYS.first = 0  # the thread context first
     for _ in range(2):
         with pytest.raises(AssertionError, match="made again on a fresh thread"):
             check_sample(kernel, DENSE)
     assert production.REPLAYS.others == 0
     assert check_sample(kernel, DENSE.replace(seed=DENSE.seed + 1)).passed  # another call: no replay left
+
+
+@pytest.mark.parametrize("first", range(3))
+def test_a_tests_replay_goes_to_a_clean_child_while_the_process_has_them(monkeypatch, first):
+    """Whatever context the test's draw puts first: a kernel that looks at its environment and its
+    modules (pytest imported, CI set) is right on a thread and beside its out=, and only a clean
+    child shows it wrong, so a child is tried first while the process has child replays left."""
+    kernel = MUTANTS["test-environment"].kernel()
+    production.start_of_test("1/a-test", twins=0, share=1.0, children=0, soak=1)
+    monkeypatch.setattr(production.REPLAYS, "met", {kernel.name})
+    monkeypatch.setattr(production.REPLAYS, "children", 1)
+    production.REPLAYS.first = first
+    with pytest.raises(AssertionError, match="made again in a clean child process"):
+        check_sample(kernel, DENSE)
+    assert production.REPLAYS.children == 0
 
 
 def test_each_kernels_first_call_in_a_process_is_replayed_on_a_fresh_thread_whatever_the_share(monkeypatch):
