@@ -288,6 +288,35 @@ def test_the_page_check_sees_what_is_gone():
     assert _missing_functions(text) == ["nightly.no_such_step"]
 
 
+# -- the README's kernel list is the dispatch order ------------------------------------------------
+
+def _readme_priority_list(text: str) -> list[str]:
+    """The kernel names of the README's bullet list after "in priority order:"."""
+    after = text.split("in priority order:\n", 1)[1].lstrip("\n")
+    names = []
+    for line in after.splitlines():
+        if not line.startswith(("- ", "  ")):
+            break
+        if line.startswith("- `"):
+            names.append(line[3:].split("`")[0])
+    return names
+
+
+def test_the_readmes_kernels_are_listed_in_dispatch_order():
+    """The README's list is what `fmha.attention` tries, in its order (fmha.dispatch.IMPLEMENTATIONS)."""
+    from fmha.dispatch import IMPLEMENTATIONS
+
+    listed = _readme_priority_list((Path(__file__).resolve().parents[1] / "README.md").read_text())
+    assert listed == [entry.name for entry in IMPLEMENTATIONS], (
+        f"README.md lists {listed} in priority order; fmha.dispatch.IMPLEMENTATIONS runs "
+        f"{[entry.name for entry in IMPLEMENTATIONS]}: reorder the README's list")
+
+
+def test_the_priority_check_sees_a_reordered_list():
+    text = "in priority order:\n\n- `gluon-sparse` (`gluon_sparse.py`): one\n  more\n- `cuda-sparse` (x): two\n\nAll keep\n"
+    assert _readme_priority_list(text) == ["gluon-sparse", "cuda-sparse"]
+
+
 # -- no hypothesis deadline ----------------------------------------------------------------------
 
 REPOSITORY = Path(__file__).resolve().parents[1]
