@@ -1,6 +1,6 @@
 """Command line of the trap library.
 
-    python -m fmha.regressions list
+    python -m fmha.regressions list [--markdown]
     python -m fmha.regressions matrix [--fmha-kernel NAME ...] [--fmha-device cpu] [--out PAGE.md] \\
         [--jobs N] [--fresh] [--stale] [--fmha-cases DIR]
     python -m fmha.regressions new <id> --reproducer "Sample(problem=Problem(...), ...)" --seed-logs "..." \\
@@ -62,8 +62,23 @@ def _usage_error(command: str, e: Exception) -> int:
     return 2
 
 
-def _list(_args) -> int:
+def trap_table() -> str:
+    """docs/contract.md's table of the named traps, from their records."""
     from fmha.regressions.traps import MUTANTS_OF, TRAPS
+    from fmha.tables import Table
+
+    table = Table(["trap", "where it was seen", "what a user sees", "what was wrong", "its mutants"])
+    for trap in TRAPS.values():
+        mutants = ", ".join(f"`{m.name}`" for m in MUTANTS_OF[trap.id]) or "—"
+        table.add(f"`{trap.id}`", trap.origin, trap.symptom, trap.root_cause, mutants)
+    return table.markdown() + "\n"
+
+
+def _list(args) -> int:
+    from fmha.regressions.traps import MUTANTS_OF, TRAPS
+    if args.markdown:
+        print(trap_table(), end="")
+        return 0
     for trap in TRAPS.values():
         mutants = [m.name for m in MUTANTS_OF[trap.id]] or ["(no mutant)"]
         print(f"{trap.id}  {trap.origin}: {trap.symptom}")
@@ -168,7 +183,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fmha.regressions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the traps, their cases and mutants").set_defaults(run=_list)
+    listing = sub.add_parser("list", help="the traps, their cases and mutants")
+    listing.add_argument("--markdown", action="store_true", help="as docs/contract.md's table of the named traps")
+    listing.set_defaults(run=_list)
 
     matrix = sub.add_parser("matrix", help="compute the kill matrix and write it as Markdown")
     selection.add_options(matrix.add_argument, "the correct kernels: every registered kernel that runs on the device "

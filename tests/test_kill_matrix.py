@@ -192,3 +192,13 @@ def test_rows_are_refused_where_the_triton_kernels_cannot_run_on_the_device(monk
     err = capsys.readouterr().err
     assert "--fmha-device cpu: CPU tensors need Triton's interpreter" in err and "TRITON_INTERPRET=1" in err, err
     assert "Traceback" not in err
+
+
+def test_the_trap_table_in_docs_contract_md_is_the_records():
+    from fmha.regressions.cli import trap_table
+    from fmha.regressions.traps import TRAPS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "contract.md").read_text()
+    table = doc.split("<!-- traps: generated -->\n")[1].split("<!-- traps: end -->")[0]
+    assert table == trap_table(), "docs/contract.md's trap table is out of date: python -m fmha.regressions list --markdown"
+    assert all(f"| `{trap}` |" in table for trap in TRAPS)
