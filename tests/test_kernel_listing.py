@@ -37,3 +37,25 @@ def test_every_library_adapter_is_listed_with_how_to_get_it_and_in_the_readme(ca
     from fmha.ci.kernels import declared
 
     assert "Hq (64, 128); top-k a multiple of 64; cache layouts dsv4-fp8 only" in declared(flashmla.CAPABILITIES)
+
+
+def _readme_built_ins(text: str) -> set[str]:
+    """The kernel names in backticks in the README's paragraph of built-in kernels."""
+    import re
+
+    paragraph = text.split("Built-in kernels (`fmha/registry.py`):", 1)[1].split("\n\n", 1)[0]
+    return set(re.findall(r"`([a-z][a-z0-9-]*)`", paragraph))
+
+
+def test_every_built_in_kernel_is_named_in_the_readme():
+    """The README's paragraph of built-in kernels names every kernel the registry holds that is
+    not another library's (those have their own table, checked above)."""
+    import pathlib
+
+    from fmha import registry
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    built_in = set(registry.KERNELS) - {entry.name for entry in registry.LIBRARIES}
+    missing = built_in - _readme_built_ins(readme)
+    assert not missing, f"README.md's built-in kernels do not name {sorted(missing)} (fmha/registry.py registers them)"
+    assert _readme_built_ins("Built-in kernels (`fmha/registry.py`): `fmha` and `triton`.\n\nNext") == {"fmha", "triton"}
