@@ -317,6 +317,22 @@ def test_the_priority_check_sees_a_reordered_list():
     assert _readme_priority_list(text) == ["gluon-sparse", "cuda-sparse"]
 
 
+def test_the_readmes_folders_install_as_pyproject_says():
+    """The README's table of folders says what each installs as, as pyproject.toml's package-dir does."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    package_dir = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    rows = re.findall(r"^\| `([\w/]+)/` \| `([\w.]+)` \|", (root / "README.md").read_text(), re.M)
+    def folder_of(package: str) -> str:  # the longest package-dir entry it is inside
+        base = max((p for p in package_dir if package == p or package.startswith(p + ".")), key=len)
+        return "/".join([package_dir[base], *package[len(base):].split(".")[1:]])
+
+    assert {p for _, p in rows} >= set(package_dir), (rows, package_dir)
+    wrong = {f"{folder}/": f"{package} is in {folder_of(package)}/" for folder, package in rows if folder_of(package) != folder}
+    assert not wrong, f"README.md's table of folders: {wrong} (pyproject.toml, [tool.setuptools.package-dir])"
+
+
 # -- no hypothesis deadline ----------------------------------------------------------------------
 
 REPOSITORY = Path(__file__).resolve().parents[1]
