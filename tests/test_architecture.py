@@ -319,7 +319,7 @@ def test_the_priority_check_sees_a_reordered_list():
 
 def test_the_readmes_folders_install_as_pyproject_says():
     """The README's table of folders says what each installs as, as pyproject.toml's package-dir does."""
-    import tomllib
+    from fmha.regressions.ledger import tomllib  # tomli before Python 3.11
 
     root = Path(__file__).resolve().parents[1]
     package_dir = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
