@@ -28,6 +28,7 @@ class RunRecord:
     where: dict = field(default_factory=dict)  # the gate's: config, layout, head dim, lengths, distribution, seed
     metrics: dict = field(default_factory=dict)  # the gate's: cos, worst_row_cos, error_ratio, lse_err, ...
     gated: bool = True  # its outcome decides the exit status (a nightly --compare kernel's does not)
+    test: str = ""  # the pytest test function that makes the same check (verify's), as ledger records name it
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:

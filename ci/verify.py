@@ -303,7 +303,7 @@ def main(argv=None) -> int:
             kernel_name, now[0], test, step = work[index]
             bar.set_postfix_str(now[0][:60])
             run_seed.use(run_seed.for_kernel(args.fmha_seed, kernel_name))  # as the pytest plugin draws
-            result = step(device)
+            result = step(device).replace(test=test)
             results.append(against_ledger(result, known, device, test))
             bar.update()
             poisoned = device == "cuda" and result.outcome == "raised" and cuda_context_error()

@@ -281,15 +281,6 @@ PLANTED_NAMES = {
 }
 
 
-def _test_function(record: dict) -> str:
-    """The pytest test function that makes the check of a verify record."""
-    from fmha.properties.catalog import LAWS
-
-    if record["part"] == "laws":
-        return LAWS[record["what"]].test
-    return {"named cases": "test_named_regression_case", "agreement": "test_kernel_matches_oracle"}[record["part"]]
-
-
 @pytest.mark.cpu_tier
 @pytest.mark.starts_first  # verify over eight kernels, from the wheel
 def test_a_kernel_authors_planted_bugs_fail_with_their_own_cause_and_the_correct_kernels_pass(installed):
@@ -320,8 +311,8 @@ def test_a_kernel_authors_planted_bugs_fail_with_their_own_cause_and_the_correct
         wrong = [m for m in caused if cause not in m.split("likely cause: ")[1]]
         assert not wrong, (name, wrong[:2])
 
-    # The test functions the last-page bug fails, read from verify's records: each names its law,
-    # named case or agreement case, as the pytest session of the same kernel would fail them.
-    functions = {_test_function(record) for record in records
+    # The test functions the last-page bug fails, from verify's records: each names the pytest test
+    # that makes the same check, as `pytest --pyargs fmha` over the same kernel would fail them.
+    functions = {record["test"] for record in records
                  if record["kernel"] == "planted_kernels:full_last_page_empty" and record["outcome"] in ("failed", "raised")}
     assert len(functions) >= 3, (functions, bad.get("full_last_page_empty", [])[:3])

@@ -41,9 +41,10 @@ def test_junit_xml_lists_every_test(pytester, device):
     report = pytester.path / "junit.xml"
     pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--fmha-device={device}", "-n", "2", "--fmha-seed=4242",
                                   f"--junitxml={report}").assert_outcomes(passed=10)
-    seeds = [p.get("value") for p in ET.parse(report).getroot().iter("property") if p.get("name") == "fmha_seed"]
+    root = ET.parse(report).getroot()
+    seeds = [p.get("value") for p in root.iter("property") if p.get("name") == "fmha_seed"]
     assert seeds == ["4242"], seeds  # the run's values drawn again from the report alone
-    cases = ET.parse(report).getroot().iter("testcase")
+    cases = root.iter("testcase")
     names = sorted(c.get("name") for c in cases)
     assert names == sorted(f"test_n[{n}]" for n in range(10))
     if device == "cuda":  # each test says which GPU its worker was pinned to
