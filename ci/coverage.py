@@ -5,8 +5,9 @@ strides, offsets and buffers: fmha.oracles.storage.observed), never from what a 
     python -m fmha.ci.coverage                       # fmha, triton, reference, sdpa-math
     python -m fmha.ci.coverage --fmha-kernel my_pkg.attn:fwd --draws 200
 
-Each row is reached (with its count), excluded by the kernel's declaration (and which part of it),
-or not drawn (a form whose values the draws cannot keep valid yet: named, never silently absent).
+Each row is reached (with its count), or excluded by the kernel's declaration (and which part of
+it); every freedom a declaration allows is drawn (fmha.oracles.storage keeps stride 0 and elements
+sharing memory valid: a drawn value wherever some call's row reads one).
 A pytest session's summary says how many freedoms its calls showed (fmha.ci.hazard_report); a
 freedom the covering set does not reach fails tests/test_arguments.py. Each kernel's table ends
 with its covering array (fmha.properties.covering_array): how many calls, and any pair of values
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from fmha.contract import ranges
 from fmha.contract.arguments import ARGUMENTS, Argument, storage_freedoms
 from fmha.contract.relations import RELATIONS
-from fmha.properties.strategies import NOT_DRAWN
 
 DEFAULT_KERNELS = ("fmha", "triton", "reference", "sdpa-math")
 
@@ -65,9 +65,6 @@ def excluded(argument: Argument, freedom: str, caps) -> str:
     for dim, one in fixed.items():
         if one and dim in argument.strided_dims and (freedom.startswith("order:") or freedom.endswith(f":{dim}")):
             return f"{'max_q_len' if dim == 'T' else 'heads_q'}: {dim} is always 1 (its stride means nothing)"
-    if freedom in NOT_DRAWN.get(argument.name, ()):
-        return ("not drawn: stride 0 or elements sharing memory here would make the drawn values invalid "
-                "(fmha.properties.strategies.NOT_DRAWN)")
     return ""
 
 

@@ -102,6 +102,11 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     for b in range(B):
         for i in range(pages_of[b]):
             table[b][i] = table[0][0] if shared and b and i == 0 and kv_lens[b] >= bs else next(order)
+    # Laid out before the keys: where its rows share memory (stride 0, overlapping rows) a request
+    # reads pages the draw gave another, so the keys go where the table the kernel gets says.
+    table_tensor = storage.lay_out(_int32(table, device), storage.record("block_table", p),
+                                   sample.laid_form("block_table"), spare)
+    table = table_tensor.tolist()
     cast = dict(dtype=p.dtype, device=device)
     q_lens = (sample.q_lens or (p.q_len,) * B) if p.ragged else (p.q_len,) * B
     read = _read(table, kv_lens, bs)
@@ -115,9 +120,6 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
         padded = _in_hazard_form("padded-pages", "k", k_cache, p, fill)
         v_cache = padded if v_cache is k_cache else _in_hazard_form("padded-pages", "v", v_cache, p, fill)
         k_cache = padded
-    table_tensor = _int32(table, device)
-    if "wide-block-table" in sample.hazards:
-        table_tensor = _in_hazard_form("wide-block-table", "block_table", table_tensor, p, spare)
     args = dict(block_table=table_tensor, kv_lens=_int32(kv_lens, device))
     q = q.to(**cast)
     if p.ragged:
@@ -154,10 +156,15 @@ def _read(table, kv_lens, block_size) -> torch.Tensor:
 
 def _scatter(x, table, kv_lens, block_size, num_blocks, fill, cast, keep) -> torch.Tensor:
     """Dense (B, S, H, D) keys into (num_blocks, block_size, H, D) pages per the block table;
-    slots not in `keep` (flat slots) hold `fill`."""
+    slots not in `keep` (flat slots) hold `fill`. Of the keys one slot is given (requests whose
+    table rows share memory), the last request's."""
     cache = torch.full((num_blocks * block_size, *x.shape[2:]), fill, **cast)
-    cache[_read(table, kv_lens, block_size).to(cast["device"])] = torch.cat(
-        [x[b, :n] for b, n in enumerate(kv_lens)]).to(**cast)
+    slots = _read(table, kv_lens, block_size)
+    last = torch.full((cache.shape[0],), -1, dtype=torch.int64).scatter_reduce_(
+        0, slots, torch.arange(len(slots)), "amax")
+    given = (last >= 0).nonzero().flatten()
+    keys = torch.cat([x[b, :n] for b, n in enumerate(kv_lens)])
+    cache[given.to(cast["device"])] = keys[last[given].to(keys.device)].to(**cast)
     unkept = torch.ones(cache.shape[0], dtype=torch.bool)
     unkept[keep] = False
     cache[unkept.to(cache.device)] = fill

@@ -241,6 +241,12 @@ class Sample:
         return {form for hazard, (names, forms) in _HAZARD_FORMS.items()
                 if name in names and hazard in self.hazards and hazard not in self.given_up for form in forms.split("+")}
 
+    def laid_form(self, name: str) -> str:
+        """Argument `name`'s whole storage form: its own (`storages`) and its hazards'."""
+        own = self.storages.get(name, "")
+        named = storage.forms(own, storage.record(name, self.problem)) if own else ()
+        return "+".join(sorted({*named, *self.hazard_forms(name)}))
+
     def request_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """A paged sample's (query rows, keys) of each request."""
         p = self.problem
@@ -282,8 +288,8 @@ class Sample:
         laid = dict(call)
         for name, spec in forms.items():
             t = call.get(name)
-            if t is None or name == "out" or (name == "v" and x.v is x.k):
-                continue
+            if t is None or name in ("out", "block_table") or (name == "v" and x.v is x.k):
+                continue  # the block table's form is laid out with its pages (fmha.oracles.paged_inputs)
             argument = storage.record(name, p)
             own = "+".join(f for f in spec.split("+") if not f.startswith("alias:"))
             laid[name] = storage.lay_out(t, argument, own, _fill(name, t, fill))
@@ -321,15 +327,20 @@ _HAZARD_FORMS = {h.name: h.form for h in HAZARDS.values() if h.form[0]}
 
 # A hazard, and the storage forms of an argument that leave it no room: stride 0 along q's heads, or
 # heads sharing memory (no gap between them); stride 0 along the keys (one key: none left to hold
-# the poison no row may read); pages or slots sharing memory (no gap between them, and a hidden
-# slot's poison overwritten by the visible slot beside it).
-# Every row of a request (or every request) reading the last's indices: what the other rows' indices
-# carried (runs of -1, repeats, the last slot, every code among the keys read) is gone.
+# the poison no row may read); pages or slots at stride 0 or sharing memory (no gap between them,
+# and a hidden slot's poison overwritten by a visible slot it shares memory with); block table rows
+# at stride 0 or sharing memory (no row of its own to slice from a wider table).
+# Every row of a request (or every request) reading one row's indices, or a row running into the
+# next: what the other rows' indices carried (runs of -1, repeats, the last slot, every code among
+# the keys read) is gone.
 _GIVES_UP = {"strided-queries": (("q",), ("zero:Hq", "overlap:Hq")),
-             "invisible-keys": (("k", "v"), ("zero:S", "overlap:num_blocks", "overlap:block_size")),
-             "padded-pages": (("k", "v", "extra_k_cache"), ("overlap:num_blocks", "overlap:block_size")),
+             "wide-block-table": (("block_table",), ("zero:B", "overlap:B")),
+             "invisible-keys": (("k", "v"), ("zero:S", "zero:num_blocks", "zero:block_size", "overlap:num_blocks",
+                                             "overlap:block_size")),
+             "padded-pages": (("k", "v", "extra_k_cache"), ("zero:num_blocks", "zero:block_size", "overlap:num_blocks",
+                                                            "overlap:block_size")),
              "odd-gqa-group": (("k",), ("zero:Hkv",)),  # with v's too: fmha.oracles.hazards._odd_group
-             **{h: (("indices", "extra_indices"), ("zero:B", "zero:T")) for h in (  # either scope's
+             **{h: (("indices", "extra_indices"), ("zero:B", "zero:T", "overlap:B", "overlap:T")) for h in (  # either scope's
                  "invalid-runs", "every-code", "last-slot", "repeated-indices", "rows-without-keys",
                  "scales-at-both-ends")}}
 

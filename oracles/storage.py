@@ -54,8 +54,8 @@ def forms(spec: str, argument: Argument) -> tuple[str, ...]:
 
 
 def lay_out(t: torch.Tensor, argument: Argument, spec: str, fill) -> torch.Tensor:
-    """`t`'s values (along a `zero:` dim, its last element's) as a view in the form `spec`,
-    in a buffer of `fill` elsewhere."""
+    """`t`'s values (along a `zero:` dim, one element's: `_drawn_along`) as a view in the form
+    `spec`, in a buffer of `fill` elsewhere."""
     named = forms(spec, argument)
     if not named:
         return t
@@ -78,8 +78,8 @@ def lay_out(t: torch.Tensor, argument: Argument, spec: str, fill) -> torch.Tenso
         elif kind == "overlap":
             overlaps.add(dims.index(what))
     source = t
-    for d in sorted(zeros):  # the last: a dense call's last key is one every row sees
-        source = source.narrow(d, t.shape[d] - 1, 1)
+    for d in sorted(zeros):
+        source = _drawn_along(source, d, fill)
     memory = order + [d for d in range(t.dim()) if d not in order]  # outermost first; a contiguous last dim last
     if overlaps:
         return _overlapping(source.expand(t.shape), memory, steps, zeros, overlaps, offset, fill)
@@ -120,9 +120,7 @@ def _overlapping(values: torch.Tensor, memory: list[int], steps: set, zeros: set
         shape[d] = values.shape[d]
         where = where + torch.arange(values.shape[d]).view(shape) * strides[d]
     where, written = where.flatten(), values.reshape(-1)
-    poison = ~torch.isfinite(written)
-    if not isinstance(fill, torch.Tensor):  # a 0-d fill is a NaN's payload: not finite already
-        poison |= written == fill
+    poison = _poison(written, fill)
     # of the elements at one address the last drawn one is kept, else the last: the highest rank
     n, where = written.numel(), where.to(written.device)
     rank = (~poison).to(torch.int64) * n + torch.arange(n, device=written.device)
@@ -133,6 +131,26 @@ def _overlapping(values: torch.Tensor, memory: list[int], steps: set, zeros: set
     for d in sorted(zeros):
         view = view.narrow(d, 0, 1)
     return view.expand(values.shape) if zeros else view
+
+
+def _poison(values: torch.Tensor, fill) -> torch.Tensor:
+    """Where `values` hold poison (not finite, or `fill`), not a drawn value."""
+    poison = ~torch.isfinite(values)
+    if not isinstance(fill, torch.Tensor):  # a 0-d fill is a NaN's payload: not finite already
+        poison |= values == fill
+    return poison
+
+
+def _drawn_along(t: torch.Tensor, d: int, fill) -> torch.Tensor:
+    """`t` narrowed to one element along dim `d` (for stride 0 there): at each position the last
+    drawn one, else the last. Poison where no row may read never spreads to a value a row reads:
+    every page of a cache one keeps each slot some request reads; the last key of a dense call is
+    one every row sees."""
+    n = t.shape[d]
+    along = [1] * t.dim()
+    along[d] = n
+    rank = (~_poison(t, fill)).to(torch.int64) * n + torch.arange(n, device=t.device).view(along)
+    return t.gather(d, rank.argmax(d, keepdim=True))
 
 
 def _filled(n: int, fill, like: torch.Tensor) -> torch.Tensor:

@@ -30,11 +30,11 @@ from pathlib import Path
 from covertable import make
 
 from fmha.contract import DTYPE_NAMES, Capabilities, Problem
-from fmha.contract.arguments import ARGUMENTS
+from fmha.contract.arguments import ARGUMENTS, storage_freedoms
 from fmha.oracles.hazards import hostile
 from fmha.oracles.sample import OTHER_ARGUMENTS, SCALAR_FORMS, Sample
 from fmha.oracles.storage import record
-from fmha.properties.strategies import drawn_freedoms, round_up
+from fmha.properties.strategies import round_up
 
 STRENGTH = 2
 UNQUANTIZED = "q's dtype"  # a cache's layout factor: no quantized layout
@@ -73,7 +73,7 @@ def storage_variants(argument) -> list[str]:
     """Forms of `argument` that together show each of its record's freedoms: each other memory
     order with a step along every dim and an offset; stride 0 along every dim (it may take);
     elements sharing memory along every dim (it may take); each buffer it may share (with a step)."""
-    free = drawn_freedoms(argument)
+    free = storage_freedoms(argument)
     steps = [f for f in free if f.startswith(("step:", "offset"))]
     orders = [f for f in free if f.startswith("order:")]
     offset = ["offset"] if "offset" in free else []
@@ -215,7 +215,7 @@ def _structures(kernel, device: str, source: str) -> _Structures:
     """`_Structures` once a process for everything they are made from: the declaration and every
     record's drawn freedoms (a test that takes one out gets others)."""
     caps = kernel.capabilities_on(device)
-    at = (repr(caps), device, source, repr([drawn_freedoms(argument) for argument in ARGUMENTS.values()]))
+    at = (repr(caps), device, source, repr([storage_freedoms(argument) for argument in ARGUMENTS.values()]))
     if at not in _STRUCTURES:
         _STRUCTURES[at] = _Structures(kernel, device, source)
     return _STRUCTURES[at]

@@ -253,11 +253,11 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
     except (Flaky, BaseExceptionGroup) as e:  # failures hypothesis could not replay, or several at once
         if nondeterministic:
             raise AssertionError(nondeterministic[0]) from e
+        for failure in getattr(e, "exceptions", ()):  # each distinct failure names what it needs
+            _note_hazards(failure, plain, operands, device, reproduce)
         raise
     except AssertionError as failure:  # added here: an edit inside `check` changes every CI draw
-        failing = getattr(failure, "fmha_sample", None)
-        if failing is not None and failing.hazards_carried(device):
-            failure.add_note(hazards_note(plain, operands, failing, device, reproduce))
+        _note_hazards(failure, plain, operands, device, reproduce)
         if operands and callable(getattr(operands[0], "fn", None)):  # a KernelEntry or a MergeEntry
             failure.add_note(f"kernel under test: {kernel_location(operands[0])}")
         raise
@@ -265,6 +265,13 @@ def run_law(law, strategy, *operands, device: str, reproduce: str = "", settings
         if not refused:
             raise
         pytest.skip(f"the kernel refused the samples it was given (NotSupportedError): {refused[0]}")
+
+
+def _note_hazards(failure: BaseException, law, operands, device: str, reproduce: str) -> None:
+    """A failing hostile draw's hazards (`hazards_note`) added to its assertion's message."""
+    failing = getattr(failure, "fmha_sample", None)
+    if isinstance(failure, AssertionError) and failing is not None and failing.hazards_carried(device):
+        failure.add_note(hazards_note(law, operands, failing, device, reproduce))
 
 
 # A failing hostile draw is rerun without one hazard at a time, at most this many times per

@@ -178,9 +178,9 @@ def block_size_changes_nothing(kernel, sample: Sample, device):
     """The same keys in pages of another size give the same answer (within the verdict: a
     kernel may tile by page). A power of two is compared with a size that is not, and back:
     slot arithmetic by shifts and masks is right for powers of two only."""
-    # what a shared page holds depends on its size, and what elements sharing memory hold on the
-    # slots beside them
-    sample = sample.replace(shared_pages=False).without_forms("overlap:")
+    # what a shared page holds depends on its size, and what elements at stride 0 or sharing
+    # memory hold on the slots and pages beside them
+    sample = sample.replace(shared_pages=False).without_forms("overlap:", "zero:")
     p = sample.problem
     supported = kernel.capabilities_on(device).block_sizes
     sizes = [b for b in (supported or (1, 3, 5, 16, 64)) if b != p.block_size]
@@ -224,6 +224,7 @@ def sparse_over_its_keys_equals_dense(kernel, sample: Sample, device):
     equal the dense call over those keys (K = V, no mask), within the verdict."""
     every_key = sample.replace(invalid=0.0, repeats=0.0, topk_lens=None, extra_topk_lens=None,
                                hazards=tuple(h for h in sample.hazards if h != "invalid-runs"))
+    every_key = every_key.without_forms("overlap:")  # a row running into the next reads some of its keys
     # the first scope alone (a scale and outliers shape its cache only if it is quantized)
     plain = {} if every_key.problem.cache_layout else dict(cache_exponent=0, outliers=False)
     sample = variant(kernel, every_key, device, extra_topk=None, extra_block_size=None, extra_cache_layout=None, **plain)

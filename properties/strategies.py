@@ -188,27 +188,11 @@ def samples(draw, caps: Capabilities, device: str = "cpu", distributions=tuple(D
     return hostile(sample.replace(**draw(storages(sample))), caps)
 
 
-# Stride 0, or elements that share memory, where a drawn value must stay what the draw made it:
-# every page or slot of a cache one (poison past a request's keys would spread to the keys it
-# reads), every request one block table row (a shorter request's table would name pages past it),
-# a row's ids running into the next one's (a request's table, or a row's indices, would name
-# pages and keys the draw gave another). Their records allow it; the coverage audit lists them as
-# not drawn.
-NOT_DRAWN = {"k cache": ("zero:num_blocks", "zero:block_size"), "v cache": ("zero:num_blocks", "zero:block_size"),
-             "block_table": ("zero:B", "overlap:B"), "indices": ("overlap:B", "overlap:T"),
-             "extra_indices": ("overlap:B", "overlap:T")}
-
-
-def drawn_freedoms(argument) -> list[str]:
-    """The freedoms of `argument`'s record the draws give it (all but NOT_DRAWN)."""
-    return [f for f in storage_freedoms(argument) if f not in NOT_DRAWN.get(argument.name, ())]
-
-
 def storage_form(argument, aliases: bool = True):
     """A storage form of `argument`'s record (fmha.contract.arguments): another memory order
     now and then, up to two more freedoms; "" (packed) is where shrinking goes. A step along a
     dim at stride 0 may be drawn: it steps over nothing (fmha.oracles.storage.lay_out)."""
-    free = drawn_freedoms(argument)
+    free = storage_freedoms(argument)
     orders = [f for f in free if f.startswith("order:")]
     shared = [f for f in free if f.startswith("alias:")] if aliases else []
     others = [f for f in free if not f.startswith(("order:", "alias:"))]

@@ -92,12 +92,6 @@ def _matrix(args) -> int:
     from fmha.kernels.triton_utils import triton_availability
     from fmha.regressions import kill_matrix, traps
     device = args.fmha_device
-    # A row is kept for any machine (its key is not the device's): rows made where fmha's Triton
-    # kernels cannot take this device's tensors would hold their laws as not applying to them.
-    unavailable = triton_availability(device)
-    if unavailable:
-        return _usage_error("matrix", f"--fmha-device {device}: {unavailable}; fmha's Triton kernels and their "
-                            "mutants would run none of their laws and the page would not say why")
     shipped = set(traps.TRAPS)
     try:
         traps.load_directories(args.fmha_cases)
@@ -120,6 +114,12 @@ def _matrix(args) -> int:
         print(f"{len(stale)} of {len(mutants)} rows stale" + ("; python -m fmha.regressions matrix recomputes them"
                                                               if stale else ""), file=sys.stderr)
         return 0
+    # A row is kept for any machine (its key is not the device's): rows made where fmha's Triton
+    # kernels cannot take this device's tensors would hold their laws as not applying to them.
+    unavailable = triton_availability(device)
+    if unavailable:
+        return _usage_error("matrix", f"--fmha-device {device}: {unavailable}; fmha's Triton kernels and their "
+                            "mutants would run none of their laws and the page would not say why")
     # A kernel author's cases: their rows, fmha's reused as they are (stale ones said so on the page).
     only = {name for name, m in mutants.items() if m.trap not in shipped} if args.fmha_cases else None
     only = set() if args.new_only else only  # the rows no run has computed only

@@ -19,29 +19,29 @@ from fmha.kernels.torch_merge import merge as correct_merge
 from fmha.oracles.reference_kernel import ENTRY as REFERENCE
 from fmha.regressions.mutation import Mutant
 
-# bug -> what it does wrong
+# bug (the mutant's name) -> what it does wrong
 BUGS = {
-    "no_scale": "missing 1/sqrt(D)",
-    "nan_leak": "0 * NaN from keys nobody sees",
-    "positional_bias": "a positional bias left on",
-    "logits_from_v": "logits read from V (K = V assumed)",
-    "head_modulo": "query head h -> KV head h % Hkv",
-    "prescale_k_in_place": "k scaled in place",
-    "batch_max": "softmax max over the whole batch",
-    "random_key_order": "reduction order changes per call",
-    "top_left": "top-left causal alignment",
-    "sink_added_not_exp": "sink added, not exp(sink)",
-    "window_capped": "window capped at 256 keys",
-    "skip_far_tiles": "a full tile of 64 keys whose max logit is 4 below the running max skipped",
+    "no-scale": "missing 1/sqrt(D)",
+    "nan-leak": "0 * NaN from keys nobody sees",
+    "positional-bias": "a positional bias left on",
+    "logits-from-v": "logits read from V (K = V assumed)",
+    "head-modulo": "query head h -> KV head h % Hkv",
+    "prescale-k-in-place": "k scaled in place",
+    "batch-max": "softmax max over the whole batch",
+    "random-key-order": "reduction order changes per call",
+    "top-left": "top-left causal alignment",
+    "sink-added-not-exp": "sink added, not exp(sink)",
+    "window-capped": "window capped at 256 keys",
+    "skip-far-tiles": "a full tile of 64 keys whose max logit is 4 below the running max skipped",
 }
-SKIP_TILE, SKIP_GAP = 64, 4.0  # skip_far_tiles: a "skip softmax" threshold tuned on activations without a sink
+SKIP_TILE, SKIP_GAP = 64, 4.0  # skip-far-tiles: a "skip softmax" threshold tuned on activations without a sink
 _calls = itertools.count()
 
 
 def eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None, bug=None):
     """A plain float32 attention, one batch row at a time (so rows do not depend on the batch
     size); `bug` switches on one realistic mistake."""
-    if bug == "batch_max" or q.shape[0] == 1:
+    if bug == "batch-max" or q.shape[0] == 1:
         return _eager(q, k, v, scale=scale, causal=causal, window=window, sink=sink, out=out, bug=bug)
     rows = [_eager(q[b:b + 1], k[b:b + 1], v[b:b + 1] if v is not k else k[b:b + 1], scale=scale, causal=causal,
                    window=window, sink=sink, bug=bug) for b in range(q.shape[0])]
@@ -56,39 +56,39 @@ def _eager(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=Non
     B, T, H, D = q.shape
     S, group = k.shape[1], H // k.shape[2]
     scale = D ** -0.5 if scale is None else scale
-    if bug == "prescale_k_in_place" and 0 not in k.stride():  # saves a multiply per logit, and scales v too
+    if bug == "prescale-k-in-place" and 0 not in k.stride():  # saves a multiply per logit, and scales v too
         k.mul_(scale)                                           # when k is v (a broadcast k cannot be written)
         scale = 1.0
     position = torch.arange(S)
-    if bug == "random_key_order":  # like an atomics-based reduction: the order alternates per call
+    if bug == "random-key-order":  # like an atomics-based reduction: the order alternates per call
         position = torch.arange(S) if next(_calls) % 2 else torch.arange(S).flip(0)
         k, v = k[:, position], v[:, position]
-    head = torch.arange(H) % k.shape[2] if bug == "head_modulo" else torch.arange(H) // group
-    keys = (v if bug == "logits_from_v" else k).float()[:, :, head]  # "K = V", assumed
+    head = torch.arange(H) % k.shape[2] if bug == "head-modulo" else torch.arange(H) // group
+    keys = (v if bug == "logits-from-v" else k).float()[:, :, head]  # "K = V", assumed
     values = v.float()[:, :, head]
-    s = torch.einsum("bthd,bshd->bhts", q.float(), keys) * (1.0 if bug == "no_scale" else scale)
-    if bug == "positional_bias":  # an ALiBi slope left on
+    s = torch.einsum("bthd,bshd->bhts", q.float(), keys) * (1.0 if bug == "no-scale" else scale)
+    if bug == "positional-bias":  # an ALiBi slope left on
         s = s + 0.05 * position.float()
-    row = torch.arange(T)[:, None] + (0 if bug == "top_left" else S - T)
+    row = torch.arange(T)[:, None] + (0 if bug == "top-left" else S - T)
     col = position[None, :]
     visible = torch.ones(T, S, dtype=torch.bool)
     if causal or window is not None:
         visible &= col <= row
     if window is not None:
-        visible &= col > row - (min(window, 256) if bug == "window_capped" else window)
-    if bug != "nan_leak":  # keys nobody sees are dropped, not multiplied by a zero weight
+        visible &= col > row - (min(window, 256) if bug == "window-capped" else window)
+    if bug != "nan-leak":  # keys nobody sees are dropped, not multiplied by a zero weight
         values = torch.where(visible.any(0)[None, :, None, None], values, 0.0)
     s = s.masked_fill(~visible, -math.inf)
-    if bug == "skip_far_tiles":  # FA-style pass over key tiles, skipping those it thinks weigh nothing
+    if bug == "skip-far-tiles":  # FA-style pass over key tiles, skipping those it thinks weigh nothing
         s = _far_tiles_skipped(s)
-    m = s.amax(dim=(0, -1) if bug == "batch_max" else -1, keepdim=True)
+    m = s.amax(dim=(0, -1) if bug == "batch-max" else -1, keepdim=True)
     if sink is not None:
         m = torch.maximum(m, sink.view(1, -1, 1, 1))
     m = m.nan_to_num(neginf=0.0)
     e = torch.exp(s - m)
     denominator = e.sum(-1, keepdim=True)
     if sink is not None:
-        sink_term = sink.view(1, -1, 1, 1) if bug == "sink_added_not_exp" else torch.exp(sink.view(1, -1, 1, 1) - m)
+        sink_term = sink.view(1, -1, 1, 1) if bug == "sink-added-not-exp" else torch.exp(sink.view(1, -1, 1, 1) - m)
         denominator = denominator + sink_term
     p = e / torch.where(denominator == 0, 1.0, denominator)
     o = torch.einsum("bhts,bshd->bthd", p, values).to(q.dtype)
@@ -117,7 +117,7 @@ def _far_tiles_skipped(s: torch.Tensor) -> torch.Tensor:
 
 def eager_kernel(bug: str | None, capabilities: Capabilities = PROMISING) -> KernelEntry:
     """The eager kernel with `bug` (None: the correct one) as a plug-in that makes both promises."""
-    return KernelEntry(name=f"eager-{bug or 'correct'}".replace("_", "-"),
+    return KernelEntry(name=f"eager-{bug or 'correct'}",
                        fn=lambda *a, **kw: eager(*a, bug=bug, **kw), capabilities=capabilities,
                        default_devices=(), description=BUGS.get(bug, "the correct eager kernel"))
 
@@ -156,7 +156,7 @@ CORRECT = eager_kernel(None)
 CORRECT_MERGE = MergeEntry("torch-merge", correct_merge)
 
 EAGER_MUTANTS = (
-    *(Mutant(bug.replace("_", "-"), "", what, lambda bug=bug: eager_kernel(bug), twin=lambda: CORRECT)
+    *(Mutant(bug, "", what, lambda bug=bug: eager_kernel(bug), twin=lambda: CORRECT)
       for bug, what in BUGS.items()),
     Mutant("max-merge", "", "merge takes max(lse), not logsumexp",
            lambda: MergeEntry("max-merge", max_instead_of_logsumexp), twin=lambda: CORRECT_MERGE),

@@ -395,21 +395,40 @@ def page_ids_in_16_bits(q, k, v, **kw):
     return reference(q, k, v, **kw)
 
 
-# mutant -> the trap whose cases it must fail ("" where the laws alone prove it)
-_TRAPS = {
-    one_table_row: "block-table-row-stride", whole_last_page: "last-partial-page",
-    contiguous_pages: "pages-assumed-contiguous", power_of_two_pages: "slots-as-powers-of-two",
-    batch_drops_last_key: "batch-drops-last-key", no_keys_nan: "no-keys-nan",
-    minus_one_is_slot_0: "minus-one-is-slot-0", minus_one_counts: "invalid-index-counted",
-    topk_len_ignored: "topk-len-ignored", last_index_dropped: "last-index-dropped", sink_per_scope: "sink-per-scope",
-    fp8_scale_of_the_next_tile: "fp8-scale-wrong-tile", rope_read_as_fp8: "rope-read-as-fp8",
-    fp8_subnormals_flushed: "", fp4_halves_flushed: "", scale_exponent_clamped: "",
-    negative_zero_read_as_nan: "", table_rows_assumed_packed: "", queries_assumed_packed: "",
-    shared_page_read_once: "", full_last_page_read_empty: "", group_as_power_of_two: "", masked_row_nan: "",
-    plan_reused: "",
-    zero_query_request_shifts_rows: "zero-query-request", window_one_too_wide: "", causal_from_the_first_key: "",
-    repeated_index_counted_once: "", last_slot_unread: "", topk_len_zero_reads_all: "",
-    softmax_without_the_row_max: "large-key-scales", page_ids_in_16_bits: "page-ids-past-16-bits",
+# mutant -> the name a failure prints, and the trap whose cases it must fail ("" where the laws alone prove it)
+_NAMED = {
+    one_table_row: ("one-table-row", "block-table-row-stride"),
+    whole_last_page: ("whole-last-page", "last-partial-page"),
+    contiguous_pages: ("contiguous-pages", "pages-assumed-contiguous"),
+    power_of_two_pages: ("power-of-two-pages", "slots-as-powers-of-two"),
+    batch_drops_last_key: ("batch-drops-last-key", "batch-drops-last-key"),
+    no_keys_nan: ("no-keys-nan", "no-keys-nan"),
+    minus_one_is_slot_0: ("minus-one-is-slot-0", "minus-one-is-slot-0"),
+    minus_one_counts: ("minus-one-counts", "invalid-index-counted"),
+    topk_len_ignored: ("topk-len-ignored", "topk-len-ignored"),
+    last_index_dropped: ("last-index-dropped", "last-index-dropped"),
+    sink_per_scope: ("sink-per-scope", "sink-per-scope"),
+    fp8_scale_of_the_next_tile: ("fp8-scale-of-the-next-tile", "fp8-scale-wrong-tile"),
+    rope_read_as_fp8: ("rope-read-as-fp8", "rope-read-as-fp8"),
+    fp8_subnormals_flushed: ("fp8-subnormals-flushed", ""),
+    fp4_halves_flushed: ("fp4-halves-flushed", ""),
+    scale_exponent_clamped: ("scale-exponent-clamped", ""),
+    negative_zero_read_as_nan: ("negative-zero-read-as-nan", ""),
+    table_rows_assumed_packed: ("table-rows-assumed-packed", ""),
+    queries_assumed_packed: ("queries-assumed-packed", ""),
+    shared_page_read_once: ("shared-page-read-once", ""),
+    full_last_page_read_empty: ("full-last-page-read-empty", ""),
+    group_as_power_of_two: ("group-as-power-of-two", ""),
+    masked_row_nan: ("masked-row-nan", ""),
+    plan_reused: ("plan-reused", ""),
+    zero_query_request_shifts_rows: ("zero-query-request-shifts-rows", "zero-query-request"),
+    window_one_too_wide: ("window-one-too-wide", ""),
+    causal_from_the_first_key: ("causal-from-the-first-key", ""),
+    repeated_index_counted_once: ("repeated-index-counted-once", ""),
+    last_slot_unread: ("last-slot-unread", ""),
+    topk_len_zero_reads_all: ("topk-len-zero-reads-all", ""),
+    softmax_without_the_row_max: ("softmax-without-the-row-max", "large-key-scales"),
+    page_ids_in_16_bits: ("page-ids-in-16-bits", "page-ids-past-16-bits"),
 }
 
 
@@ -417,9 +436,9 @@ def _entry(fn) -> KernelEntry:
     return KernelEntry(name=fn.__name__, fn=fn, capabilities=REFERENCE, default_devices=())
 
 
-PAGED_MUTANTS = tuple(Mutant(fn.__name__.replace("_", "-"), trap, _one_line(fn.__doc__),
-                             functools.partial(_entry, fn), twin=lambda: REFERENCE_ENTRY)
-                      for fn, trap in _TRAPS.items())
+PAGED_MUTANTS = tuple(Mutant(name, trap, _one_line(fn.__doc__), functools.partial(_entry, fn),
+                             twin=lambda: REFERENCE_ENTRY)
+                      for fn, (name, trap) in _NAMED.items())
 
 
 def proving(trap: str) -> tuple[Mutant, ...]:

@@ -249,6 +249,60 @@ def test_every_mutant_is_one_record():
     assert MUTANTS and all(isinstance(m, Mutant) and m.name == name for name, m in MUTANTS.items())
 
 
+def _holders(modules) -> dict[str, set[Path]]:
+    """Mutant name -> the files of those of `modules` that hold its record (alone or in a tuple)."""
+    from fmha.regressions.mutation import Mutant
+
+    held: dict[str, set[Path]] = {}
+    for module in modules:
+        for value in vars(module).values():
+            for record in value if isinstance(value, tuple) else (value,):
+                if isinstance(record, Mutant):
+                    held.setdefault(record.name, set()).add(Path(module.__file__))
+    return held
+
+
+def _names_not_in_their_files(modules) -> list[str]:
+    """Mutants whose name no file of a module holding them spells out as a string: grepping the
+    name a failure prints finds no definition."""
+    return sorted(name for name, files in _holders(modules).items()
+                  if not any(re.search(rf"""["']{re.escape(name)}["']""", f.read_text()) for f in files))
+
+
+def _mutant_modules() -> list:
+    import pkgutil
+
+    from fmha import regressions
+    from fmha.regressions import traps
+
+    return [*(importlib.import_module(f"fmha.regressions.{m.name}") for m in pkgutil.iter_modules(regressions.__path__)
+              if m.name.endswith("_mutants")), *traps._modules()]
+
+
+def test_every_mutants_name_is_spelled_out_where_it_is_defined():
+    from fmha.regressions.mutants import MUTANTS
+
+    modules = _mutant_modules()
+    assert len({m.__name__ for m in modules}) > 30, "every family's module and every trap's"
+    assert not _names_not_in_their_files(modules)
+    unheld = set(MUTANTS) - set(_holders(modules))
+    assert not unheld, f"records no module holds: {unheld}"
+
+
+def test_the_name_check_sees_a_generated_name(tmp_path):
+    """The check can fail: a mutant whose name is built from a function's (as `name.replace("_",
+    "-")` once built them) is seen."""
+    source = tmp_path / "made_mutants.py"
+    source.write_text("from fmha.regressions.mutation import Mutant\n"
+                      "def table_read_twice(): ...\n"
+                      "MUTANTS = (Mutant(table_read_twice.__name__.replace('_', '-'), '', 'a bug', lambda: None),\n"
+                      "           Mutant('spelled-out', '', 'a bug', lambda: None))\n")
+    spec = importlib.util.spec_from_file_location("made_mutants", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert _names_not_in_their_files([module]) == ["table-read-twice"]
+
+
 # -- the page is true to the code ----------------------------------------------------------------
 
 _PATH = re.compile(r"\b(?:fmha|oracles|properties|regressions|ci|tests|docs)/[\w/.-]*\w")

@@ -14,7 +14,7 @@ from fmha.contract import check_attention_args
 from fmha.contract.arguments import ARGUMENTS, markdown, storage_freedoms
 from fmha.contract.errors import ContractError
 from fmha.oracles import storage
-from fmha.properties import covering, strategies
+from fmha.properties import covering, covering_array, strategies
 from fmha.regressions.selection import resolve_kernel
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "contract.md"
@@ -46,15 +46,17 @@ def test_each_form_keeps_the_values_and_shows_its_freedom(name):
 
 
 @pytest.mark.parametrize("name", ["q", "k", "k cache", "q (ragged)"])
-def test_overlapping_elements_are_laid_out_read_back_and_keep_poison_from_what_rows_read(name):
-    """A stride smaller than what the dims inside it span (an unfolded window's chunks): laid out,
-    read back as overlap:<dim>; elements that share memory hold one of their values, a finite one
-    where any had one (poison where no row may read never reaches a value a row reads)."""
+def test_shared_elements_are_laid_out_read_back_and_keep_poison_from_what_rows_read(name):
+    """A stride smaller than what the dims inside it span (an unfolded window's chunks), or stride 0:
+    laid out, read back as overlap:<dim> or zero:<dim>; elements that share memory hold one of their
+    values, a finite one where any had one (poison where no row may read never reaches a value a
+    row reads)."""
     argument = ARGUMENTS[name]
     shape = (2, 3, 4, 6)[-len(argument.shape):]
     t = torch.arange(math.prod(shape), dtype=torch.float32).view(shape)
     t[(0,) * (t.dim() - 1)] = float("nan")  # a poisoned first row of the last dim
-    for form in [f for f in storage_freedoms(argument) if f.startswith("overlap:")]:
+    t[(-1,) * (t.dim() - 1)] = float("-inf")  # and the last, where stride 0 would take its value
+    for form in [f for f in storage_freedoms(argument) if f.startswith(("overlap:", "zero:"))]:
         laid = storage.lay_out(t, argument, form, float("-inf"))
         assert storage.observed(laid, argument) == {form}, f"{name} {form}: read back {storage.observed(laid, argument)}"
         assert set(laid[torch.isfinite(laid)].tolist()) <= set(t[torch.isfinite(t)].tolist()), f"{name} {form}"
@@ -63,9 +65,10 @@ def test_overlapping_elements_are_laid_out_read_back_and_keep_poison_from_what_r
 
 
 @pytest.mark.parametrize("name", ["block_table", "indices"])
-def test_overlapping_ids_are_read_back_and_named_not_drawn(name):
-    """Ids that share memory would name pages and keys the draw gave another request or row: the
-    audit reads them back and lists them as not drawn."""
+def test_overlapping_ids_are_read_back_and_drawn(name):
+    """Ids that share memory name pages and keys the draw gave another request or row (the keys go
+    where the ids say: oracles/tests/test_paged_inputs.py): the audit reads them back, and no
+    declaration that takes the argument excludes them."""
     argument = ARGUMENTS[name]
     shape = (2, 3, 4, 5)[-len(argument.shape):]
     packed = torch.empty(shape).stride()
@@ -75,7 +78,7 @@ def test_overlapping_ids_are_read_back_and_named_not_drawn(name):
         strides[d] = 1 if d == len(shape) - 2 and argument.contiguous_last else packed[d + 1]
         t = torch.zeros(math.prod(shape)).as_strided(shape, strides)
         assert form in storage.observed(t, argument), f"{name} {form}: read back {storage.observed(t, argument)}"
-        assert coverage.excluded(argument, form, resolve_kernel("reference").capabilities).startswith("not drawn")
+        assert not coverage.excluded(argument, form, resolve_kernel("reference").capabilities), f"{name} {form}"
     assert [f for f in storage_freedoms(argument) if f.startswith("overlap:")], name
 
 
@@ -143,13 +146,16 @@ def test_a_narrow_declaration_gets_every_form_in_calls_of_its_own_shape(declarat
 
 
 @pytest.mark.parametrize("argument, freedom", [("q", "order:Hq.B.T"), ("sink", "step:Hq"), ("out", "order:Hq.T.B"),
-                                               ("indices", "zero:T")])
+                                               ("indices", "zero:T"), ("k cache", "zero:num_blocks")])
 def test_the_audit_names_a_freedom_the_draws_lost(monkeypatch, argument, freedom):
     """One freedom taken out of the draws (as a strategy that forgot it would): the audit fails and names it."""
-    monkeypatch.setitem(strategies.NOT_DRAWN, argument, (*strategies.NOT_DRAWN.get(argument, ()), freedom))
+    def forgetting(record):
+        return tuple(f for f in storage_freedoms(record) if (record.name, f) != (argument, freedom))
+
+    for drawing in (strategies, covering_array):
+        monkeypatch.setattr(drawing, "storage_freedoms", forgetting)
     kernel = resolve_kernel("reference")
     counts = coverage.reached_by(covering.covering_samples(kernel, "cpu"), kernel, "cpu")
-    monkeypatch.setitem(strategies.NOT_DRAWN, argument, strategies.NOT_DRAWN[argument][:-1])
     missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), *counts))
     assert [(r.argument, r.freedom) for r in missing] == [(argument, freedom)]
 

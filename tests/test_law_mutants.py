@@ -135,7 +135,7 @@ def test_the_mutants_correct_twin_obeys_the_law(law):
     law.run("cpu", *_operands(law, twin), settings=QUICK, pinned=False)
 
 
-@pytest.mark.parametrize("law, bug", [(dense_laws.batch_rows_independent, "batch_max"), (dense_laws.deterministic, "random_key_order")])
+@pytest.mark.parametrize("law, bug", [(dense_laws.batch_rows_independent, "batch-max"), (dense_laws.deterministic, "random-key-order")])
 def test_a_kernel_that_makes_no_promise_is_held_to_the_verdict_and_one_that_does_bitwise(law, bug):
     """The same bits-only bug (a softmax max over the whole batch; a key order that changes per
     call) passes the law where the kernel promises nothing, and fails it where it promises."""

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fmha.oracles import quantization, reference
+from fmha.oracles import quantization, reference, storage
 from fmha.oracles.oracle import attention, from_call, largest_logit, oracle_over
 from fmha.oracles.sample import Sample
 from fmha.contract import Problem
@@ -49,6 +49,30 @@ def test_every_slot_and_table_entry_no_request_reads_is_poison():
         for i in range(-(-int(kv_lens[b]) // 4), table.shape[1]):
             assert x.k[int(table[b, i])].isnan().all(), f"request {b}'s entry {i} past its pages is not poison"
     assert int(table[2, 0]) == int(table[0, 0]), "request 2 shares request 0's first page"
+
+
+@pytest.mark.parametrize("laid_out", [("block_table", "zero:B"), ("block_table", "overlap:B"),
+                                     ("k", "zero:num_blocks"), ("k", "zero:block_size"), ("indices", "overlap:B"),
+                                     ("indices", "overlap:T")])
+def test_ids_and_pages_that_share_memory_read_drawn_keys_only(laid_out):
+    """A block table whose requests share memory (one row for all; a row running into the next),
+    a cache whose pages or slots are one, rows of indices running into the next: every key a row
+    sees is a drawn one (never the poison of a page the draw gave no request), the kernel is handed
+    the form, and the oracle judges what the kernel reads."""
+    name, form = laid_out
+    problem = SPARSE if name == "indices" else PAGED.replace(window=3)
+    lengths = dict(topk_lens=(7, 4)) if name == "indices" else dict(kv_lens=(9, 3, 6))
+    laid = dict(k_storage=form) if name == "k" else dict(storage=((name, form),))
+    sample = Sample(problem=problem, seed=3, **laid, **lengths).replace(
+        hazards=("invisible-keys", "padded-pages", "wide-block-table", "invalid-runs"))
+    x = sample.inputs()
+    got = x.k if name == "k" else x.source_args[name]
+    assert form in storage.observed(got, storage.record(name, sample.problem)), f"{form}: not what the kernel gets"
+    mask = dict(causal=problem.causal, window=problem.window, sink=x.sink)
+    o = oracle_over(x.q, x.oracle_sources, **mask).o
+    assert torch.isfinite(o).all(), f"{form}: a row read poison"
+    want = oracle_over(x.q, from_call(x.k, x.v, **x.source_args), **mask).o
+    torch.testing.assert_close(o, want, **F64)
 
 
 def test_ragged_queries_are_each_requests_rows_packed():
