@@ -107,10 +107,13 @@ def _form_excluded(relation, form: str, caps) -> str:
 
 
 def _size_excluded(symbol: str, value: int, caps) -> str:
+    from fmha.properties.covering import smallest_cache
+
     if not ranges.applies(symbol, caps):
         return f"sources: a size of {', '.join(ranges.SIZES[symbol].sources)} calls"
-    if symbol == "pages" and value == 1:
-        return "not drawn: a draw's cache holds a page of poison beside those it reads"
+    if symbol == "pages" and value < smallest_cache(caps):
+        return (f"not drawn: a sparse call's cache holds its keys and a slot of poison, {smallest_cache(caps)} "
+                f"pages of {min(caps.block_sizes)}")
     if not ranges.affordable(symbol, value, caps):
         return "the GPU scale tier's (past what a CPU run affords)"
     return ""

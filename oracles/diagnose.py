@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from fmha.contract import DTYPE_NAMES, KernelEntry, Problem
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.hazards import invisible_keys
 from fmha.oracles.inputs import Inputs
 from fmha.oracles.kernel_call import Run, first_difference
@@ -38,16 +38,16 @@ MASKED_MAX_GAP = 24 * math.log(2)
 
 
 def _top_left_causal(x: Inputs):
-    scores = reference.logits(x.q, x.k, x.sample.scale)
+    scores = dense_reference.logits(x.q, x.k, x.sample.scale)
     T, S = x.problem.q_len, x.problem.kv_len
     visible = torch.ones(T, S, dtype=torch.bool, device=x.q.device).tril()  # row i sees keys <= i
-    weights, _ = reference.softmax_with_sink(scores.masked_fill(~visible, float("-inf")), x.sink)
+    weights, _ = dense_reference.softmax_with_sink(scores.masked_fill(~visible, float("-inf")), x.sink)
     v = x.v.double().repeat_interleave(x.problem.group, dim=2)
     return torch.einsum("bhts,bshd->bthd", weights, v)
 
 
 def _call(x: Inputs, **changes):
-    return reference.attention(x.q, x.k, x.v, **x.kwargs(**changes))[0]
+    return dense_reference.attention(x.q, x.k, x.v, **x.kwargs(**changes))[0]
 
 
 def _tf32(t: torch.Tensor) -> torch.Tensor:
@@ -59,10 +59,10 @@ def _tf32(t: torch.Tensor) -> torch.Tensor:
 
 def _tf32_attention(x: Inputs):
     """Attention as a TF32 matmul unit computes it: q, k, v and P rounded to TF32."""
-    scores = reference.logits(_tf32(x.q), _tf32(x.k), x.sample.scale)
-    visible = reference.visibility_mask(x.problem.q_len, x.problem.kv_len, x.problem.causal, x.problem.window,
+    scores = dense_reference.logits(_tf32(x.q), _tf32(x.k), x.sample.scale)
+    visible = dense_reference.visibility_mask(x.problem.q_len, x.problem.kv_len, x.problem.causal, x.problem.window,
                                         x.q.device)
-    weights, _ = reference.softmax_with_sink(scores.masked_fill(~visible, float("-inf")), x.sink)
+    weights, _ = dense_reference.softmax_with_sink(scores.masked_fill(~visible, float("-inf")), x.sink)
     v = _tf32(x.v).repeat_interleave(x.problem.group, dim=2)
     return torch.einsum("bhts,bshd->bthd", _tf32(weights), v)
 
@@ -70,10 +70,10 @@ def _tf32_attention(x: Inputs):
 def _sixteen_bit_logits(x: Inputs):
     """Attention with the logits q.k rounded to 16 bits (the input dtype) before the softmax."""
     scale = x.q.shape[-1] ** -0.5 if x.sample.scale is None else x.sample.scale
-    dots = reference.logits(x.q, x.k, 1.0).to(x.q.dtype).double()
-    visible = reference.visibility_mask(x.problem.q_len, x.problem.kv_len, x.problem.causal, x.problem.window,
+    dots = dense_reference.logits(x.q, x.k, 1.0).to(x.q.dtype).double()
+    visible = dense_reference.visibility_mask(x.problem.q_len, x.problem.kv_len, x.problem.causal, x.problem.window,
                                         x.q.device)
-    weights, _ = reference.softmax_with_sink((dots * scale).masked_fill(~visible, float("-inf")), x.sink)
+    weights, _ = dense_reference.softmax_with_sink((dots * scale).masked_fill(~visible, float("-inf")), x.sink)
     v = x.v.double().repeat_interleave(x.problem.group, dim=2)
     return torch.einsum("bhts,bshd->bthd", weights, v)
 
@@ -82,7 +82,7 @@ def _interleaved_heads(x: Inputs):
     """Query head h reading KV head h % Hkv: right for MHA and MQA, another head's keys in GQA."""
     heads = torch.arange(x.problem.heads_q, device=x.k.device) % x.problem.heads_kv
     k = x.k[:, :, heads]
-    return reference.attention(x.q, k, k if x.v is x.k else x.v[:, :, heads], **x.kwargs())[0]
+    return dense_reference.attention(x.q, k, k if x.v is x.k else x.v[:, :, heads], **x.kwargs())[0]
 
 
 SINK_IGNORED = "sink ignored (exp(sink) missing from the softmax denominator)"
@@ -249,8 +249,8 @@ def _max_before_mask(run: Run, oracle: Oracle) -> list[str]:
         lost |= torch.isneginf(run.lse) & torch.isfinite(oracle.lse.to(run.lse.device))
     if not lost.any():
         return []
-    scores = reference.logits(x.q, x.k, x.sample.scale).nan_to_num(nan=float("-inf"))
-    visible = reference.visibility_mask(p.q_len, p.kv_len, p.causal, p.window, scores.device)
+    scores = dense_reference.logits(x.q, x.k, x.sample.scale).nan_to_num(nan=float("-inf"))
+    visible = dense_reference.visibility_mask(p.q_len, p.kv_len, p.causal, p.window, scores.device)
     seen = scores.masked_fill(~visible, float("-inf")).amax(-1)
     if x.sink is not None:  # the sink is a term every row sees
         seen = torch.maximum(seen, x.sink.double().to(seen.device).view(1, -1, 1))
@@ -328,7 +328,7 @@ def _lse_layout_and_sink(run: Run, oracle: Oracle, sink_hint: bool = True) -> li
     no_key = torch.isneginf(lse) & torch.isfinite(want)
     p = run.inputs.problem
     if p.source == "dense":  # rows that see a key have other reasons for a lost answer (_max_before_mask)
-        sees = reference.visibility_mask(p.q_len, p.kv_len, p.causal, p.window, lse.device).any(-1)
+        sees = dense_reference.visibility_mask(p.q_len, p.kv_len, p.causal, p.window, lse.device).any(-1)
         no_key &= ~sees
     if sink_hint and p.sink and no_key.any():
         hints.append(f"lse is -inf in {int(no_key.sum())} row(s) (first at (b,h,t)="
@@ -351,7 +351,7 @@ def _lse_conventions(run: Run, oracle: Oracle, sink_convention: bool = True) -> 
                      f"{tuple(torch.nonzero(no_key)[0].tolist())}): FlashMLA's mark of a row with no key; the "
                      f"contract wants -inf, or the sink; {adapter}")
     if x.problem.sink and sink_convention:
-        without_sink = reference.attention(x.q, x.k, x.v, **x.kwargs(sink=None))[1]
+        without_sink = dense_reference.attention(x.q, x.k, x.v, **x.kwargs(sink=None))[1]
         rows = torch.isfinite(without_sink) & torch.isfinite(lse)
         if rows.any():
             off_oracle = (lse[rows] - oracle.lse[rows]).abs().max()

@@ -60,7 +60,7 @@ JUDGE_MODULES = (
     "fmha.oracles.check", "fmha.oracles.diagnose", "fmha.oracles.distributions", "fmha.oracles.guard",
     "fmha.oracles.hazards", "fmha.oracles.inputs", "fmha.oracles.kernel_call", "fmha.oracles.metrics",
     "fmha.oracles.oracle", "fmha.oracles.paged_inputs", "fmha.oracles.production", "fmha.oracles.replay_child",
-    "fmha.oracles.quantization", "fmha.oracles.reference",
+    "fmha.oracles.quantization", "fmha.oracles.dense_reference",
     "fmha.oracles.reference_kernel", "fmha.oracles.sample", "fmha.oracles.verdict", "fmha.oracles.run_seed",
     "fmha.properties.law_record", "fmha.properties.dense_laws", "fmha.properties.paged_laws",
     "fmha.properties.covering", "fmha.properties.strategies", "fmha.properties.paged_strategies",

@@ -3,7 +3,7 @@ verdict measures a kernel against (`Oracle`), from one pass.
 
 Every source of keys reduces, request by request, to one gather of each query row's keys and
 values plus a visibility mask; `attention` and `oracle` then run the one softmax of
-`reference.py` over them. Caches here hold numbers (a quantized cache is dequantized first,
+`dense_reference.py` over them. Caches here hold numbers (a quantized cache is dequantized first,
 `quantization.dequantize`).
 
 - `Dense(k, v)`: contract v1's (B, S, Hkv, D) keys; causal and window decide visibility.
@@ -30,7 +30,7 @@ import torch
 from fmha.contract.slots import request_slots
 from fmha.oracles.guard import answer
 from fmha.oracles.quantization import LAYOUTS, dequantize, pages_of
-from fmha.oracles.reference import NEG_INF, softmax_with_sink, visibility_mask
+from fmha.oracles.dense_reference import NEG_INF, softmax_with_sink, visibility_mask
 
 
 @dataclass

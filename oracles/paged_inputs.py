@@ -88,11 +88,15 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     pages_of = [math.ceil(n / bs) for n in kv_lens]
     shared = sample.shared_pages and kv_lens[0] >= bs
     own = [n - (1 if shared and b and kv_lens[b] >= bs else 0) for b, n in enumerate(pages_of)]
-    num_blocks = sum(own) + 1  # the last physical page (in shuffled order) is poison only
+    # The last physical page (in shuffled order) is poison only, unless the call asks for a cache of
+    # its own pages alone (one page: the smallest cache there is); the table's entries past a
+    # request's pages then name a page some request reads, its keys past kv_lens.
+    spare_page = sample.num_blocks != sum(own)
+    num_blocks = sum(own) + spare_page
     if "padded-pages" in sample.hazards:
         num_blocks = max(num_blocks, 2)  # a page stride shows between two pages
     order = torch.randperm(num_blocks, generator=g).tolist()
-    spare, order = order[-1], iter(order[:-1])
+    spare, order = order[-1], iter(order[:-1] if spare_page else order)
     base = _base(sample, num_blocks)
     if base:  # the spare the lowest id, the pages read the highest: the largest id read is the last
         spare, order = base, iter(base + 1 + i for i in torch.randperm(num_blocks - 1, generator=g).tolist())

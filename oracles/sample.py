@@ -122,8 +122,9 @@ class Sample:
         object.__setattr__(self, "scalars", tuple(sorted(set(self.scalars))))
         if p.source != "dense":  # what each request holds decides what the kernel must support
             object.__setattr__(self, "problem", p.replace(**paged_inputs.request_facts(self)))
-        # a hazard this problem has no room for (no window, one page, one head) is not laid in
-        kept = set(applicable(self.problem, kinds=("layout",)))
+        # a hazard this problem has no room for (no window, one page, one head), or this cache (one
+        # page: no stride between pages to show), is not laid in
+        kept = set(applicable(self.problem, kinds=("layout",))) - self._one_page_gives_up
         object.__setattr__(self, "hazards", tuple(h for h in self.hazards if h in kept))
 
     @property
@@ -157,14 +158,19 @@ class Sample:
         return dict(scale=scale, causal=causal, window=window)
 
     @property
+    def _one_page_gives_up(self) -> frozenset[str]:
+        return frozenset({"padded-pages"} if self.num_blocks == 1 else ())
+
+    @property
     def given_up(self) -> frozenset[str]:
-        """Layout hazards this sample's storage forms leave no room for (`_GIVES_UP`): the call has
-        the form, not the hazard (other draws have the hazard)."""
+        """Layout hazards this sample's storage forms (`_GIVES_UP`) or its cache of one page leave
+        no room for: the call has the form or the size, not the hazard (other draws have the hazard)."""
         forms = {name: set(storage.forms(spec, storage.record(name, self.problem)))
                  for name, spec in self.storages.items()}
-        return frozenset(h for h, (names, taken) in _GIVES_UP.items()
-                         if (h in self.hazards or HAZARDS[h].kind != "layout")  # a draw hazard is no sample's choice
-                         and any(set(taken) & forms.get(name, set()) for name in names))
+        return self._one_page_gives_up | frozenset(
+            h for h, (names, taken) in _GIVES_UP.items()
+            if (h in self.hazards or HAZARDS[h].kind != "layout")  # a draw hazard is no sample's choice
+            and any(set(taken) & forms.get(name, set()) for name in names))
 
     def without_forms(self, *kinds: str) -> Sample:
         """This sample with no storage form that starts with one of `kinds` ("zero:", "overlap:")."""
@@ -279,10 +285,10 @@ class Sample:
         buffer where a form says so); the oracle's sources read from what the kernel gets."""
         p = self.problem
         call = {"q": x.q, "k": x.k, "v": x.v, "sink": x.sink, **x.source_args}
-        forms = {name: "+".join(storage.forms(spec, storage.record(name, p))) for name, spec in self.storages.items()}
-        for name in forms:  # a hazard's view kept when the argument is laid out again
-            if forms[name] and call.get(name) is not None and storage.record(name, p).name != "quantized cache":
-                forms[name] = "+".join(sorted({*forms[name].split("+"), *self.hazard_forms(name)}))
+        # a hazard's view kept when the argument is laid out again (a quantized cache's bytes are laid
+        # out by fmha.oracles.paged_inputs)
+        forms = {name: self.laid_form(name) if call.get(name) is not None and storage.record(name, p).name != "quantized cache"
+                 else "+".join(storage.forms(spec, storage.record(name, p))) for name, spec in self.storages.items()}
         if not any(call.get(name) is not None for name in forms if name != "out"):
             return x
         laid = dict(call)
@@ -362,8 +368,6 @@ def _storage_kept(sample: Sample, problem: Problem) -> dict:
 
 def _fill(name: str, t: torch.Tensor, fill: float):
     """What the buffer around argument `name`'s view holds."""
-    if name == "block_table":  # the entry past the longest request's pages names the page of poison
-        return int(t[0, -1]) if t.numel() else 0
     if t.dtype == torch.uint8:
         return 0xFF  # NaN scales and codes
     return INT_FILL.get(name, fill)

@@ -225,9 +225,18 @@ def _in_source(problem: Problem, caps: Capabilities, source: str) -> Problem:
     return problem.replace(source=source, block_size=block_size_for(caps, 16), **sparse)
 
 
+def smallest_cache(caps: Capabilities) -> int:
+    """The fewest pages of the covering calls' caches: a paged call of one page's keys fits a cache
+    of that page alone; a sparse call's holds its two requests' keys and a slot of poison (5 pages
+    of one key)."""
+    if "paged" in caps.sources:
+        return 1
+    return -(-(2 * 2 + 1) // min(caps.block_sizes or (1,)))
+
+
 def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sample]:
     """A paged or sparse call's sizes: each block size and top-k a CPU run affords (a page and one
-    key more, one row of 8 or top-k indices), and caches of 2 to 2^16 + 1 pages in pages of the
+    key more, one row of 8 or top-k indices), and caches of 1 to 2^16 + 1 pages in pages of the
     smallest block size, the call's own pages the last ids (a kernel that narrows a page id to 8 or
     16 bits reads the wrong page)."""
     source = next((s for s in ("paged", "sparse") if s in caps.sources), None)
@@ -248,10 +257,8 @@ def _paged_sizes(caps: Capabilities, seed: int, dtype, head_dim: int) -> list[Sa
     found = [call(bs, bs + 1 if source == "paged" else 8, group=1) for bs in _affordable(caps, "block_size", dtype)]
     if "sparse" in caps.sources:
         found += [call(block_size_for(caps, 16), topk, source="sparse") for topk in _affordable(caps, "topk", dtype)]
-    # a sparse call's cache holds its two requests' keys and a slot of poison: 5 pages of one key
-    natural = 2 if source == "paged" else max(2, -(-(2 * 2 + 1) // smallest))
     found += [call(smallest, 2 if source == "sparse" else smallest, num_blocks=n)
-              for n in _affordable(caps, "pages", dtype) if n >= natural]
+              for n in _affordable(caps, "pages", dtype) if n >= smallest_cache(caps)]
     if source == "paged" and "sparse" in caps.sources:  # a sparse slot's page past 2^16 too
         found.append(call(smallest, 2, source="sparse", num_blocks=2**16 + 1))
     return found

@@ -12,7 +12,7 @@ import math
 import torch
 
 from fmha.contract import KernelEntry
-from fmha.oracles import production, reference
+from fmha.oracles import production, dense_reference
 from fmha.oracles.check import judge_run, oracle_of
 from fmha.oracles.kernel_call import bitwise_difference, outputs, run_kernel
 from fmha.oracles.inputs import Inputs
@@ -228,7 +228,7 @@ def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
     perfect_parts = []  # what an error-free kernel returns for each part
     for (k, v), part in zip(halves, parts):
         if k.shape[1]:
-            exact_o, exact_lse = reference.attention(x.q, k, v, scale=scale)
+            exact_o, exact_lse = dense_reference.attention(x.q, k, v, scale=scale)
             part = (exact_o.to(p.dtype), exact_lse)
         perfect_parts.append(part)
     oracle = oracle_of(x)
@@ -237,7 +237,7 @@ def split_keys_merge_to_the_whole(kernel, merge, sample: Sample, device):
     # 9.4 ulp of |o|, 0.3 ulp of the parts). Per element and per row the scale is the oracle
     # over |v|; the RMS floor adds what rounding the exact parts costs (one 16-element row,
     # parts near -0.6 and +1.4: a perfect kernel measured 8.5x the floor of |o| alone).
-    perfect_o = reference.merge(perfect_parts, sink=x.sink)[0]
+    perfect_o = dense_reference.merge(perfect_parts, sink=x.sink)[0]
     assert_agrees(o, oracle.o, f"{kernel.name}+{merge.name} {sample.id}: keys split at {cut}, merged",
                   lse, oracle.lse, oracle, perfect_o=perfect_o)
 
@@ -254,7 +254,7 @@ def merge_algebra(merge, sample: Sample, device):
     thirds = [0, p.kv_len // 3, 2 * p.kv_len // 3, p.kv_len]
     parts = []
     for lo, hi in zip(thirds, thirds[1:]):
-        o, lse = reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi], scale=sample.scale)
+        o, lse = dense_reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi], scale=sample.scale)
         parts.append((o.to(p.dtype), lse.float()))
     a, b, c = parts
     where = f"{merge.name} {sample.id} (fp32 parts)"
@@ -266,7 +266,7 @@ def merge_algebra(merge, sample: Sample, device):
     # 0.01 and +1.3): its rounding scales with the merge of the parts' magnitudes, not with
     # the result (CPU and H200, nightly profile: 157 units of |o| between (a b) c and a (b c)).
     def magnitudes(*merged):
-        return reference.merge([(o.abs(), lse) for o, lse in merged])[0]
+        return dense_reference.merge([(o.abs(), lse) for o, lse in merged])[0]
 
     assert_agrees(merge([b, a])[0], merge([a, b])[0], f"{where}: merge(b, a) vs merge(a, b)", logit_rms=lse_rms,
                   oracle_abs=magnitudes(a, b))

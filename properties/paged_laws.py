@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from hypothesis import assume
 
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.oracle import Paged, attention
 from fmha.oracles.check import oracle_of
 from fmha.contract.cache_layouts import pages_of
@@ -155,9 +155,9 @@ def two_scopes_equal_the_merge_of_each(kernel, sample: Sample, device):
                  extra_k_cache=None, extra_indices=None, extra_topk_len=None, extra_cache_layout=None)
     oracle = oracle_of(x)  # after every kernel call: no float64 answer exists while a kernel runs
     assert_agrees(o, oracle.o, f"{kernel.name} {sample.id}: both scopes in one call", lse, oracle.lse, oracle)
-    merged_o, merged_lse = reference.merge([main, extra], sink=x.sink)
+    merged_o, merged_lse = dense_reference.merge([main, extra], sink=x.sink)
     exact = [attention(x.q, [source], scale=sample.scale) for source in x.oracle_sources]
-    perfect_o = reference.merge([(part_o.to(p.dtype), part_lse) for part_o, part_lse in exact], sink=x.sink)[0]
+    perfect_o = dense_reference.merge([(part_o.to(p.dtype), part_lse) for part_o, part_lse in exact], sink=x.sink)[0]
     assert_agrees(merged_o.to(p.dtype), oracle.o, f"{kernel.name} {sample.id}: each scope alone, merged",
                   merged_lse.float(), oracle.lse, oracle, perfect_o=perfect_o.to(p.dtype))
 

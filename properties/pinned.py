@@ -59,7 +59,7 @@ PINNED = {
                scale=1.0, distribution='large_logits', seed=41),
         # A sink takes all but ~2^-130 of some rows' weight: fp32 weights flush to zero on a GPU
         # and outputs near 2^-125 come out 55 units off (H200, fmha); the oracle's
-        # underflow now allows what that costs (oracles/reference.py).
+        # underflow now allows what that costs (oracles/dense_reference.py).
         Sample(problem=Problem(batch=160, q_len=15, kv_len=1, heads_q=1, heads_kv=1, head_dim=32, sink=True,
                                shared_kv=True), scale=1.0, distribution='peaky'),
         Sample(problem=Problem(batch=1, q_len=44, kv_len=64, heads_q=1, heads_kv=1, head_dim=512, window=1, sink=True),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fmha.contract import Problem
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.sample import Sample
 from fmha.oracles.metrics import measure
 from fmha.oracles.verdict import judge
@@ -30,7 +30,7 @@ def _parts(problem, x, cuts):
     """Each part: attention over keys [lo, hi) without sink, rounded as a kernel returns it."""
     parts = []
     for lo, hi in zip(cuts[:-1], cuts[1:]):
-        o, lse = reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi])
+        o, lse = dense_reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi])
         parts.append((o.to(problem.dtype), lse.float()))
     return parts
 
@@ -39,7 +39,7 @@ def _parts(problem, x, cuts):
 def test_merge_of_key_splits_equals_attention_over_all_keys(merge_kernel, problem, cuts, device):
     x = Sample(problem=problem).inputs(device)
     o, lse = merge_kernel(_parts(problem, x, cuts), sink=x.sink)
-    oracle_o, oracle_lse = reference.attention(x.q, x.k, x.v, sink=x.sink)
+    oracle_o, oracle_lse = dense_reference.attention(x.q, x.k, x.v, sink=x.sink)
     # Parts arrive rounded to the dtype (as kernels return them): within the verdict's margin.
     verdict = judge(measure(o, oracle_o, lse, oracle_lse))
     assert verdict.passed, verdict.message(f"{merge_kernel.name} {problem.id}")

@@ -19,7 +19,7 @@ from fmha.oracles.reference_kernel import CAPABILITIES as REFERENCE, ENTRY as RE
 from fmha.contract import KernelEntry
 from fmha.contract import cache_layouts
 from fmha.oracles import quantization
-from fmha.oracles.reference import merge
+from fmha.oracles.dense_reference import merge
 from fmha.regressions.mutation import Mutant
 
 

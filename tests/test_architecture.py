@@ -7,6 +7,7 @@ import functools
 import importlib
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,12 +197,12 @@ def test_the_add_an_adapter_recipe_translates_the_librarys_conventions(device):
     import torch
 
     from fmha.contract import Problem
-    from fmha.oracles import reference
+    from fmha.oracles import dense_reference
     from fmha.oracles.check import check_sample
     from fmha.oracles.sample import Sample
 
     def forward(q, k, v, scale, causal):  # a library whose LSE is in base 2, as FlashInfer's
-        o, lse = reference.attention(q, k, v, scale=scale, causal=causal)
+        o, lse = dense_reference.attention(q, k, v, scale=scale, causal=causal)
         return o.to(q.dtype), (lse / math.log(2)).float()
 
     scope = {"torch": torch, "library": types.SimpleNamespace(forward=forward)}
@@ -301,6 +302,18 @@ def test_the_name_check_sees_a_generated_name(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert _names_not_in_their_files([module]) == ["table-read-twice"]
+
+
+# Old import paths: users import them, so each is the module under its new name, with a warning.
+RENAMED = {"fmha.oracles.reference": "fmha.oracles.dense_reference"}
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_an_old_import_path_is_its_module_under_the_new_name_and_warns(old, new, monkeypatch):
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=re.escape(new)):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
 
 
 # -- the page is true to the code ----------------------------------------------------------------

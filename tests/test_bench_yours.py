@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fmha.bench import dense as bench
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run; on a GPU the bench is timed")
 
@@ -53,14 +53,14 @@ def test_without_a_gpu_only_the_quick_smoke_run_is_offered(capsys):
 
 
 FAKE_FLASH_ATTN = '''
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 
 def flash_attn_func(q, k, v, causal=False):
-    return reference.attention(q, k, v, causal=causal)[0].to(q.dtype)
+    return dense_reference.attention(q, k, v, causal=causal)[0].to(q.dtype)
 '''
 FAKE_FLASH_MLA = '''
 import torch
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 
 def get_mla_metadata(*args, **kwargs):
     return object(), None
@@ -70,7 +70,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     outputs = []
     for b in range(q.shape[0]):
         k = k_cache[block_table[b].long()].flatten(0, 1)[:int(cache_seqlens[b])][None]
-        outputs.append(reference.attention(q[b:b + 1], k, k[..., :head_dim_v], causal=causal)[0])
+        outputs.append(dense_reference.attention(q[b:b + 1], k, k[..., :head_dim_v], causal=causal)[0])
     return torch.cat(outputs).to(q.dtype), None
 '''
 
@@ -92,7 +92,7 @@ def test_the_installed_peers_are_timed_on_the_contracts_inputs_in_their_own_layo
     problem = bench.Problem(batch=2, q_len=2, kv_len=130, heads_q=8, heads_kv=1, head_dim=64, causal=True,
                             shared_kv=True)
     q, k, v = bench.inputs(problem, "cpu")
-    want = reference.attention(q, k, v, causal=True)[0]
+    want = dense_reference.attention(q, k, v, causal=True)[0]
     for name, make in peers.items():
         out = make(problem, q, k, v)()
         out = out[0] if isinstance(out, tuple) else out

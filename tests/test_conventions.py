@@ -9,7 +9,7 @@ import torch
 
 from fmha.adapters import conventions
 from fmha.contract import Capabilities, KernelEntry
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.check import check_sample
 from fmha.oracles.sample import Sample
 from fmha.contract import FEATURES, Problem
@@ -18,14 +18,14 @@ from fmha.contract import FEATURES, Problem
 def flashmla_style(q, k, v, *, scale=None, causal=False, window=None, sink=None, out=None):
     """Attention as FlashMLA returns it: o scaled by exp(lse) / (exp(lse) + exp(sink)), the
     LSE without the sink and +inf where a row sees no key."""
-    o, lse = reference.attention(q, k, v, scale=scale, causal=causal, window=window)
+    o, lse = dense_reference.attention(q, k, v, scale=scale, causal=causal, window=window)
     if sink is not None:
         o = o * torch.sigmoid(lse - sink.double().view(1, -1, 1)).transpose(1, 2)[..., None]
     return o.to(q.dtype), lse.masked_fill(torch.isneginf(lse), math.inf).float()
 
 
 def flashinfer_style(q, k, v, **kwargs):
-    o, lse = reference.attention(q, k, v, **{n: a for n, a in kwargs.items() if n != "out"})
+    o, lse = dense_reference.attention(q, k, v, **{n: a for n, a in kwargs.items() if n != "out"})
     return o.to(q.dtype), (lse / math.log(2)).float()
 
 

@@ -92,7 +92,7 @@ def test_the_searching_kernel_finds_an_answer_where_one_is_alive(pytester, tmp_p
 def test_an_answer_still_alive_when_a_kernel_is_called_is_emptied_first(pytester, tmp_path, monkeypatch):
     """The judge's answers (the oracle's and the plain references') are registered; any still
     alive when the next kernel call starts is emptied to no elements before the kernel runs."""
-    from fmha.oracles import reference as plain
+    from fmha.oracles import dense_reference as plain
 
     monkeypatch.setenv("FMHA_FOUND", str(tmp_path / "found.txt"))
     pytester.makepyfile(searching=SEARCHING)
@@ -355,7 +355,7 @@ def test_honest_kernels_with_workspaces_out_buffers_and_float64_pass():
         return out.copy_(result) if out is not None else result.clone(), lse
 
     def in_float64(q, k, v, *, scale, causal, window, sink, out=None, **kwargs):
-        from fmha.oracles import reference as plain
+        from fmha.oracles import dense_reference as plain
 
         o, lse = plain.attention(q.double(), k.double(), v.double(), scale=scale, causal=causal, window=window, sink=sink)
         return out.copy_(o) if out is not None else o.to(q.dtype), lse.float()

@@ -1,7 +1,7 @@
 """An independent scalar-loop attention, for checking the oracles on tiny shapes.
 
 Plain Python floats and the math module, one loop per index, the visibility rule written from
-the contract's words: nothing here is shared with oracles.reference.
+the contract's words: nothing here is shared with oracles.dense_reference.
 """
 
 import math

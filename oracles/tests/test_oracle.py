@@ -5,7 +5,7 @@ shuffled and shared pages and NaN wherever no key should be read."""
 import pytest
 import torch
 
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.oracle import Dense, Paged, Sparse, attention, oracle_over
 from fmha.oracles.tests import bruteforce
 
@@ -119,7 +119,7 @@ def test_paged_and_sparse_over_the_same_keys_equal_the_dense_oracle():
     q = torch.randn(1, T, 4, 8, dtype=torch.float64, generator=g)
     k = torch.randn(1, S, 2, 8, dtype=torch.float64, generator=g)
     v = torch.randn(1, S, 2, 5, dtype=torch.float64, generator=g)
-    o, lse = reference.attention(q, k, v, causal=True)
+    o, lse = dense_reference.attention(q, k, v, causal=True)
     pages = 4
     padded = lambda x: torch.cat([x[0], x[0].new_zeros(pages * block_size - S, *x.shape[2:])])  # noqa: E731
     k_cache = padded(k).view(pages, block_size, 2, 8).flip(0)
@@ -156,6 +156,6 @@ def test_the_oracles_scales_over_pages_equal_the_dense_oracles():
     for name in ("o", "lse", "o_abs", "o_squares", "logit_magnitude", "underflow"):
         torch.testing.assert_close(getattr(paged, name), getattr(dense, name), **F64, msg=name)
     assert paged.logit_rms == pytest.approx(dense.logit_rms, rel=1e-12)
-    o, lse = reference.attention(q, k, v, sink=sink, scale=0.3)
+    o, lse = dense_reference.attention(q, k, v, sink=sink, scale=0.3)
     torch.testing.assert_close(dense.o, o, **F64)
     torch.testing.assert_close(dense.lse, lse, **F64)

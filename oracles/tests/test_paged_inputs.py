@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fmha.oracles import quantization, reference, storage
+from fmha.oracles import quantization, dense_reference, storage
 from fmha.oracles.oracle import attention, from_call, largest_logit, oracle_over
 from fmha.oracles.sample import Sample
 from fmha.contract import Problem
@@ -32,7 +32,7 @@ def test_full_length_pages_hold_the_dense_draw(block_size):
     sample = Sample(problem=PAGED.replace(block_size=block_size), seed=4)
     x, dense = sample.inputs(), _dense(sample)
     got = oracle_over(x.q, x.oracle_sources, causal=True)
-    want_o, want_lse = reference.attention(dense.q, dense.k, dense.v, causal=True)
+    want_o, want_lse = dense_reference.attention(dense.q, dense.k, dense.v, causal=True)
     torch.testing.assert_close(got.o, want_o, **F64)
     torch.testing.assert_close(got.lse, want_lse, **F64)
 
@@ -86,7 +86,7 @@ def test_sparse_indices_read_exactly_the_requests_keys_in_every_row():
     sample = Sample(problem=SPARSE, seed=3)
     x, dense = sample.inputs(), _dense(sample)
     got = oracle_over(x.q, x.oracle_sources, sink=x.sink)
-    want_o, want_lse = reference.attention(dense.q, dense.k, dense.v, sink=dense.sink)
+    want_o, want_lse = dense_reference.attention(dense.q, dense.k, dense.v, sink=dense.sink)
     torch.testing.assert_close(got.o, want_o, **F64)
     torch.testing.assert_close(got.lse, want_lse, **F64)
     slots = x.k.shape[0] * x.k.shape[1]
@@ -106,7 +106,7 @@ def test_invalid_indices_and_topk_lengths_take_keys_away():
     b, t = 1, 0  # request 1 reads its first two indices only
     keys = [int(s) for s in indices[b, t, :2] if s != -1]
     k = x.k.flatten(0, 1)[keys][None]
-    o, _ = reference.attention(dense.q[b:b + 1, t:t + 1], k, k, sink=dense.sink)
+    o, _ = dense_reference.attention(dense.q[b:b + 1, t:t + 1], k, k, sink=dense.sink)
     torch.testing.assert_close(got_o[b, t], o[0, 0], **F64)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fmha.contract import Problem
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.sample import Sample
 from fmha.oracles.tests import bruteforce
 
@@ -22,7 +22,7 @@ TINY = [
 @pytest.mark.parametrize("distribution", ["normal", "peaky", "large_logits"])
 def test_oracle_matches_scalar_loops(problem, distribution):
     x = Sample(problem=problem, distribution=distribution, seed=3).inputs()
-    o, lse = reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
+    o, lse = dense_reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
     sink = None if x.sink is None else x.sink.tolist()
     o_bf, lse_bf = bruteforce.attention(
         x.q.double().tolist(), x.k.double().tolist(), x.v.double().tolist(),
@@ -36,9 +36,9 @@ def test_ksplit_attention_equals_attention():
     problem = Problem(batch=1, q_len=4, kv_len=9, heads_q=4, heads_kv=2, head_dim=16, dtype=torch.float32, window=5, sink=True)
     x = Sample(problem=problem, distribution="split_halves_energy", seed=1).inputs()
     kw = dict(causal=True, window=5, sink=x.sink)
-    o, lse = reference.attention(x.q, x.k, x.v, **kw)
+    o, lse = dense_reference.attention(x.q, x.k, x.v, **kw)
     for splits in (2, 4):
-        o_s, lse_s = reference.ksplit_attention(x.q, x.k, x.v, splits=splits, **kw)
+        o_s, lse_s = dense_reference.ksplit_attention(x.q, x.k, x.v, splits=splits, **kw)
         torch.testing.assert_close(o_s, o, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(lse_s, lse, rtol=1e-12, atol=1e-12)
 
@@ -50,9 +50,9 @@ def test_merging_per_half_softmaxes_is_not_ksplit_attention():
     x = Sample(problem=problem, distribution="split_halves_energy", seed=1).inputs()
     scale = 16 ** -0.5
     halves = [
-        reference.attention(qh, kh, x.v, scale=scale)
+        dense_reference.attention(qh, kh, x.v, scale=scale)
         for qh, kh in zip(x.q.chunk(2, -1), x.k.chunk(2, -1))
     ]
-    o_wrong, _ = reference.merge(halves)
-    o, _ = reference.ksplit_attention(x.q, x.k, x.v, splits=2)
+    o_wrong, _ = dense_reference.merge(halves)
+    o, _ = dense_reference.ksplit_attention(x.q, x.k, x.v, splits=2)
     assert (o_wrong - o).norm() / o.norm() > 0.05

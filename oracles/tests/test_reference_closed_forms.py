@@ -5,7 +5,7 @@ import math
 import torch
 
 from fmha.contract import Problem
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.sample import Sample
 
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -14,14 +14,14 @@ F64 = dict(rtol=1e-12, atol=1e-12)
 def _attend(problem, x, **changes):
     kw = x.kwargs()
     kw.update(changes)
-    return reference.attention(x.q, x.k, x.v, **kw)
+    return dense_reference.attention(x.q, x.k, x.v, **kw)
 
 
 def test_constant_scores_give_the_mean_of_the_visible_v_rows():
     problem = Problem(batch=1, q_len=3, kv_len=7, heads_q=2, heads_kv=1, head_dim=8, dtype=torch.float32, window=4)
     x = Sample(problem=problem, distribution="constant_scores", seed=0).inputs()
     o, lse = _attend(problem, x)
-    visible = reference.visibility_mask(3, 7, True, 4)
+    visible = dense_reference.visibility_mask(3, 7, True, 4)
     for i in range(3):
         keys = visible[i].nonzero().flatten()
         expected = x.v[0, keys, 0].double().mean(dim=0)
@@ -36,7 +36,7 @@ def test_keys_tied_at_a_logit_past_float64s_log_resolution_give_their_mean():
     q = torch.ones(1, 1, 1, 4, dtype=torch.float64)
     k = torch.full((1, 6, 1, 4), -2.5e37, dtype=torch.float64)  # every logit -5e37 at scale 1
     v = torch.arange(24, dtype=torch.float64).view(1, 6, 1, 4)
-    o, lse = reference.attention(q, k, v, scale=0.5)
+    o, lse = dense_reference.attention(q, k, v, scale=0.5)
     torch.testing.assert_close(o[0, 0, 0], v[0, :, 0].mean(dim=0), **F64)
     assert lse[0, 0, 0] == -5e37
 

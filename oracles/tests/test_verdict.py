@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fmha.contract import Problem
-from fmha.oracles import reference
+from fmha.oracles import dense_reference
 from fmha.oracles.oracle import Dense, oracle_over
 from fmha.oracles.kernel_call import POISON_BITS, poisoned, still_poisoned
 from fmha.oracles import run_seed
@@ -21,7 +21,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 def _oracle(problem, distribution="normal", seed=0, run_seed=None):
     x = Sample(problem=problem, distribution=distribution, seed=seed, run_seed=run_seed).inputs()
-    o, lse = reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
+    o, lse = dense_reference.attention(x.q, x.k, x.v, causal=problem.causal, window=problem.window, sink=x.sink)
     return x, o, lse
 
 
@@ -117,7 +117,7 @@ def test_precision_loss_beyond_the_dtype_floor_fails():
     """bf16 P in an fp32 problem: cosine ~1 - 1e-6, far above fp32's floor."""
     problem = Problem(batch=1, q_len=8, kv_len=128, heads_q=2, heads_kv=2, head_dim=64, dtype=torch.float32)
     x, o, lse = _oracle(problem)
-    s = reference.logits(x.q, x.k)
+    s = dense_reference.logits(x.q, x.k)
     p = torch.softmax(s, -1).to(torch.bfloat16).double()
     coarse = torch.einsum("bhts,bshd->bthd", p, x.v.double())
     verdict = judge(measure(coarse.float(), o))
@@ -233,17 +233,17 @@ def test_parts_rounded_then_merged_are_allowed_the_rounding_of_the_parts():
     bf16 = torch.bfloat16
     problem = Problem(batch=1, q_len=1, kv_len=17, heads_q=1, heads_kv=1, head_dim=16, dtype=bf16)
     x = Sample(problem=problem, distribution="iota_v", seed=31, run_seed=FIXED).inputs()
-    parts = [reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi]) for lo, hi in ((0, 13), (13, 17))]
+    parts = [dense_reference.attention(x.q, x.k[:, lo:hi], x.v[:, lo:hi]) for lo, hi in ((0, 13), (13, 17))]
     rounded = [(o.to(bf16), lse) for o, lse in parts]
-    O = reference.attention(x.q, x.k, x.v)[0]
+    O = dense_reference.attention(x.q, x.k, x.v)[0]
     A = oracle_over(x.q, [Dense(x.k, x.v)]).o_abs
-    perfect = reference.merge(rounded)[0]
+    perfect = dense_reference.merge(rounded)[0]
     merged = perfect.to(bf16)  # what a merge kernel returns
     assert not judge(measure(merged, O, oracle_abs=A)).passed
     verdict = judge(measure(merged, O, oracle_abs=A, perfect_o=perfect))
     assert verdict.passed, verdict.message()
     (o1, lse1), second = rounded
-    doubled = reference.merge([(o1, lse1 + math.log(2)), second])[0].to(bf16)
+    doubled = dense_reference.merge([(o1, lse1 + math.log(2)), second])[0].to(bf16)
     verdict = judge(measure(doubled, O, oracle_abs=A, perfect_o=perfect))
     assert not verdict.passed and "cosine" in verdict.message(), verdict.message()
 
@@ -257,7 +257,7 @@ def test_weights_flushed_below_fp32s_smallest_normal_are_allowed_what_they_cost(
                                     shared_kv=True), scale=1.0, distribution="peaky", run_seed=FIXED)
     x = sample.inputs()
     oracle = oracle_over(x.q, [Dense(x.k, x.v)], **x.kwargs())
-    weights = torch.exp(reference.logits(x.q, x.k, 1.0) - oracle.lse[..., None])
+    weights = torch.exp(dense_reference.logits(x.q, x.k, 1.0) - oracle.lse[..., None])
     flushed = torch.where(weights < torch.finfo(torch.float32).tiny, 0.0, weights)
     o = torch.einsum("bhts,bshd->bthd", flushed, x.v.double()).to(torch.bfloat16)
     scales = dict(logit_rms=oracle.logit_rms, oracle_abs=oracle.o_abs)
@@ -290,7 +290,7 @@ def test_an_fp32_output_whose_terms_cancel_is_allowed_what_summing_them_costs():
 def _weights_rounded(x, weight_dtype) -> torch.Tensor:
     """FlashAttention's arithmetic: logits in fp32, each row's weights exp(s - max) rounded to
     `weight_dtype` before P.V, the sum of the unrounded ones dividing after."""
-    s = reference.logits(x.q, x.k, x.sample.scale).float()
+    s = dense_reference.logits(x.q, x.k, x.sample.scale).float()
     e = torch.exp(s - s.amax(-1, keepdim=True))
     values = x.v.float().repeat_interleave(x.problem.group, 2)
     o = torch.einsum("bhts,bshd->bthd", e.to(weight_dtype).float(), values)
@@ -435,8 +435,8 @@ def test_products_flushed_below_fp32s_smallest_normal_are_allowed_what_they_cost
     x = sample.inputs()
     oracle = oracle_over(x.q, [Dense(x.k, x.v)], **x.kwargs())
     tiny = torch.finfo(torch.float32).tiny
-    visible = reference.visibility_mask(x.q.shape[1], x.k.shape[1], False, x.kwargs()["window"])
-    weights = torch.exp(reference.logits(x.q, x.k, x.kwargs()["scale"]).masked_fill(~visible, float("-inf"))
+    visible = dense_reference.visibility_mask(x.q.shape[1], x.k.shape[1], False, x.kwargs()["window"])
+    weights = torch.exp(dense_reference.logits(x.q, x.k, x.kwargs()["scale"]).masked_fill(~visible, float("-inf"))
                         - oracle.lse[..., None])
     weights = torch.where(weights < tiny, 0.0, weights)
     group = x.q.shape[2] // x.k.shape[2]
