@@ -4,6 +4,8 @@ what a call is counted as showing."""
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from fmha.contract import ranges
 from fmha.oracles import storage
 from fmha.oracles.check import check_sample
@@ -94,19 +96,49 @@ def test_a_cache_of_num_blocks_pages_holds_the_calls_own_in_its_last_ids():
         Sample(problem=problem, num_blocks=3).inputs()
 
 
-def test_the_audit_names_a_page_count_the_covering_samples_lost(monkeypatch):
-    """The covering samples' caches without 2^16 + 1 pages (as if the records stopped at 16 bits): the
-    audit fails and names it."""
+def test_a_cache_of_the_calls_own_pages_alone_holds_no_page_of_poison():
+    """num_blocks equal to the pages the call reads: every page is some request's, the table's entries
+    past a request's pages name one of them; a cache of one page gives up the padded pages it has no
+    second page to show."""
+    problem = Problem(batch=2, q_len=1, kv_len=4, heads_q=2, heads_kv=1, head_dim=16, source="paged", block_size=2)
+    x = Sample(problem=problem, num_blocks=4).inputs()
+    table = x.source_args["block_table"]
+    assert x.k.shape[0] == 4 and sorted(table[:, :2].flatten().tolist()) == [0, 1, 2, 3]
+    assert set(table[:, 2].tolist()) <= {0, 1, 2, 3}
+    one = problem.replace(batch=1, kv_len=2)
+    sample = Sample(problem=one, num_blocks=1, hazards=("padded-pages", "strided-queries"))
+    assert sample.hazards == ("strided-queries",) and "padded-pages" in sample.given_up
+    x = sample.inputs()
+    assert x.k.shape[0] == 1 and x.source_args["block_table"].tolist() == [[0, 0]]
+
+
+def test_a_sparse_only_declaration_of_small_pages_names_why_a_cache_of_one_page_is_not_drawn():
+    from fmha.ci import coverage
+
+    def pages_excluded(block_sizes):
+        caps = dataclasses.replace(CAPABILITIES, sources=frozenset({"sparse"}), block_sizes=block_sizes)
+        return {r.freedom: r.why_not for r in coverage.audit(caps, *(coverage.Counter(),) * 3)
+                if r.argument == "size pages" and r.why_not.startswith("not drawn")}
+
+    assert pages_excluded((64,)) == {}
+    assert set(pages_excluded((1,))) == {"min (1)", "min+1 (2)"}
+    assert "5 pages of 1" in pages_excluded((1,))["min (1)"]
+
+
+@pytest.mark.parametrize("pages, freedom", [(2**16 + 1, "2^16+1 (65537)"), (1, "min (1)")])
+def test_the_audit_names_a_page_count_the_covering_samples_lost(pages, freedom, monkeypatch):
+    """The covering samples' caches without 2^16 + 1 pages (as if the records stopped at 16 bits), or
+    without a cache of one page (as if every draw kept a page of poison): the audit fails and names it."""
     from fmha.ci import coverage
     from fmha.properties import covering
 
     sizes = covering._paged_sizes
 
     def without(*args):
-        return [s for s in sizes(*args) if s.num_blocks != 2**16 + 1]
+        return [s for s in sizes(*args) if s.num_blocks != pages]
 
     monkeypatch.setattr(covering, "_paged_sizes", without)
     kernel = resolve_kernel("reference")
     counts = coverage.reached_by(covering.covering_samples(kernel, "cpu"), kernel, "cpu")
     missing = coverage.unreached(coverage.audit(kernel.capabilities_on("cpu"), *counts))
-    assert [(r.argument, r.freedom) for r in missing] == [("size pages", "2^16+1 (65537)")]
+    assert [(r.argument, r.freedom) for r in missing] == [("size pages", freedom)]
