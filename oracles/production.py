@@ -79,6 +79,14 @@ def start_of_test(test: str, twins: int, share: float, children: int, soak: int)
         REPLAYS.children = children
 
 
+def new_process() -> None:
+    """Forget what this process has replayed (its child replays spent, the kernels whose first
+    call it replayed), as a process that starts would: the kill matrix's rows, computed one after
+    another in one worker, are each judged as one CI process judges its tests, whatever ran
+    before them."""
+    vars(REPLAYS).update(vars(Replays()))
+
+
 @contextlib.contextmanager
 def replaying_in(*names: str):
     """Within it every judged, passing call is replayed in each of the contexts `names` (none:

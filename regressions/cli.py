@@ -90,6 +90,7 @@ def _list(args) -> int:
 
 def _matrix(args) -> int:
     from fmha.kernels.triton_utils import triton_availability
+    from fmha.oracles import threads
     from fmha.regressions import kill_matrix, traps
     device = args.fmha_device
     shipped = set(traps.TRAPS)
@@ -131,6 +132,10 @@ def _matrix(args) -> int:
             json.dump(rows, f, indent=1, sort_keys=True)
             f.write("\n")
 
+    # Each row's process gets its share of the cores, as an xdist worker does: with torch's default
+    # of a thread per core, --jobs 2 on 2 cores ran four threads that spun waiting for a core
+    # (rows 8 to 10 times slower than on a machine of 16 cores, BENCHMARKS.md).
+    threads.share_cores(args.jobs)
     rows = kill_matrix.build(device, args.law_examples, args.jobs, cache, progress=say, save=save,
                              cases_dirs=tuple(os.path.abspath(d) for d in args.fmha_cases), mutants=mutants, only=only)
     stale = kill_matrix.stale_rows(cache, mutants, args.law_examples)

@@ -179,6 +179,7 @@ class Row:
 def mutant_row(name: str, device: str, law_examples: int | None = None) -> Row:
     """The row of mutant `name` (by name: rows are computed in spawned processes)."""
     start = time.perf_counter()
+    production.new_process()  # no row's count depends on the rows its worker computed before it
     mutant = matrix_mutants()[name]
     trap = TRAPS.get(mutant.trap)
     own = [(case_failures(mutant, trap, i, device) or ["(passed)"])[0] for i in range(len(trap.cases))] if trap else []

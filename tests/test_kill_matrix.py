@@ -197,6 +197,63 @@ def test_rows_are_refused_where_the_triton_kernels_cannot_run_on_the_device(monk
     assert "Traceback" not in err
 
 
+def test_each_rows_process_gets_its_share_of_the_cores(monkeypatch, tmp_path):
+    """`--jobs N`: the processes that compute rows (spawned: they take OMP_NUM_THREADS) run with the
+    cores divided among them, not torch's thread per core each, whose threads spin waiting for a
+    core (rows 8 to 10 times slower with --jobs 2 on 2 cores)."""
+    import os
+
+    import torch
+
+    from fmha.kernels import triton_utils
+    from fmha.regressions import cli
+
+    seen = {}
+
+    def build(*args, **kwargs):
+        seen.update(env=os.environ["OMP_NUM_THREADS"], torch=torch.get_num_threads())
+        return {}
+
+    monkeypatch.delenv("FMHA_CPU_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # put back after the test, as torch's threads are below
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(kill_matrix, "ROWS", str(tmp_path / "rows.json"))
+    monkeypatch.setattr(kill_matrix, "matrix_mutants", lambda: {})
+    monkeypatch.setattr(kill_matrix, "build", build)
+    monkeypatch.setattr(kill_matrix, "correct_kernel_failures", lambda kernels, device, progress: {})
+    monkeypatch.setattr(triton_utils, "interpreting", lambda: True)
+    before = torch.get_num_threads()
+    try:
+        cli.main(["matrix", "--jobs", "2", "--fmha-device", "cpu", "--out", str(tmp_path / "page.md")])
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {"env": "2", "torch": 2}, seen
+
+
+def test_a_row_is_judged_as_in_a_process_of_its_own(monkeypatch):
+    """A worker computes rows one after another: a row whose worker spent the process's child
+    replays on earlier rows would replay none of its calls in a clean child, and a kernel that tells
+    a test by its environment (`test-environment`) would pass every test of its row."""
+    from fmha.oracles import production
+    from fmha.properties.run_settings import REPLAYS
+
+    seen = []
+
+    def law_failure(entry, law, device, law_examples):
+        kill_matrix._as_in_ci(law.name)  # as the real one starts each law's test
+        seen.append(production.REPLAYS.children)
+        return None
+
+    monkeypatch.setattr(production.REPLAYS, "children", 0)  # spent by the rows before
+    monkeypatch.setattr(production.REPLAYS, "met", {"no-scale"})
+    monkeypatch.setattr(kill_matrix, "TRAPS", {})
+    monkeypatch.setattr(kill_matrix, "agreement_failure", lambda *args: False)
+    monkeypatch.setattr(kill_matrix, "law_failure", law_failure)
+    kill_matrix.mutant_row("no-scale", "cpu")
+    assert seen and set(seen) == {REPLAYS["fmha-ci"].children}, seen
+    assert production.REPLAYS.met == set()
+
+
 def test_the_trap_table_in_docs_contract_md_is_the_records():
     from fmha.regressions.cli import trap_table
     from fmha.regressions.traps import TRAPS
