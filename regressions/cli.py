@@ -134,7 +134,7 @@ def _matrix(args) -> int:
 
     # Each row's process gets its share of the cores, as an xdist worker does: with torch's default
     # of a thread per core, --jobs 2 on 2 cores ran four threads that spun waiting for a core
-    # (rows 8 to 10 times slower than on a machine of 16 cores, BENCHMARKS.md).
+    # (the same rows 12 to 21 times slower, BENCHMARKS.md).
     threads.share_cores(args.jobs)
     rows = kill_matrix.build(device, args.law_examples, args.jobs, cache, progress=say, save=save,
                              cases_dirs=tuple(os.path.abspath(d) for d in args.fmha_cases), mutants=mutants, only=only)
