@@ -111,8 +111,8 @@ def _size_excluded(symbol: str, value: int, caps) -> str:
 
     if not ranges.applies(symbol, caps):
         return f"sources: a size of {', '.join(ranges.SIZES[symbol].sources)} calls"
-    if symbol == "pages" and value < smallest_cache(caps):
-        return (f"not drawn: a sparse call's cache holds its keys and a slot of poison, {smallest_cache(caps)} "
+    if symbol == "pages" and value < (fewest := smallest_cache(caps)):
+        return (f"not drawn: a sparse call's cache holds its keys and a slot of poison, {fewest} "
                 f"pages of {min(caps.block_sizes or (1,))}")
     if not ranges.affordable(symbol, value, caps):
         return "the GPU scale tier's (past what a CPU run affords)"

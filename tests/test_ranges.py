@@ -2,6 +2,7 @@
 what a call is counted as showing."""
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,7 @@ def test_a_sparse_only_declaration_of_small_pages_names_why_a_cache_of_one_page_
 
     def pages_excluded(block_sizes):
         caps = dataclasses.replace(CAPABILITIES, sources=frozenset({"sparse"}), block_sizes=block_sizes)
-        return {r.freedom: r.why_not for r in coverage.audit(caps, *(coverage.Counter(),) * 3)
+        return {r.freedom: r.why_not for r in coverage.audit(caps, Counter(), Counter(), Counter())
                 if r.argument == "size pages" and r.why_not.startswith("not drawn")}
 
     assert pages_excluded((64,)) == {}
