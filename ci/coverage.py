@@ -4,6 +4,7 @@ strides, offsets and buffers: fmha.oracles.storage.observed), never from what a 
 
     python -m fmha.ci.coverage                       # fmha, triton, reference, sdpa-math
     python -m fmha.ci.coverage --fmha-kernel my_pkg.attn:fwd --draws 200
+    python -m fmha.ci.coverage --fmha-device cuda --fmha-scale   # the GPU scale tier's calls too
 
 Each row is reached (with its count), or excluded by the kernel's declaration (and which part of
 it); every freedom a declaration allows is drawn (fmha.oracles.storage keeps stride 0 and elements
@@ -68,15 +69,16 @@ def excluded(argument: Argument, freedom: str, caps) -> str:
     return ""
 
 
-def audit(caps, counts: Counter, sizes: Counter | None = None, shown: Counter | None = None) -> list[Row]:
+def audit(caps, counts: Counter, sizes: Counter | None = None, shown: Counter | None = None,
+          scale: bool = False) -> list[Row]:
     """Every freedom of every record, against a kernel of `caps`, with `counts` ((record, freedom) ->
     calls); then every size's (fmha.contract.ranges, its range narrowed by the declaration), with
-    `sizes` ((symbol, value) -> calls); then every relation's forms (fmha.contract.relations), with
-    `shown` ((relation, form) -> calls)."""
+    `sizes` ((symbol, value) -> calls), the GPU scale tier's among those to reach with `scale`; then
+    every relation's forms (fmha.contract.relations), with `shown` ((relation, form) -> calls)."""
     rows = [Row(a.name, f, counts[(a.name, f)], excluded(a, f, caps))
             for a in ARGUMENTS.values() for f in storage_freedoms(a)]
     if sizes is not None:
-        rows += [Row(f"size {symbol}", f"{label} ({value})", sizes[(symbol, value)], _size_excluded(symbol, value, caps))
+        rows += [Row(f"size {symbol}", f"{label} ({value})", sizes[(symbol, value)], _size_excluded(symbol, value, caps, scale))
                  for symbol, label, value in ranges.freedoms(caps)]
     if shown is not None:
         rows += [Row(f"relation: {r.name}", form, shown[(r.name, form)], _form_excluded(r, form, caps))
@@ -106,7 +108,7 @@ def _form_excluded(relation, form: str, caps) -> str:
     return ""
 
 
-def _size_excluded(symbol: str, value: int, caps) -> str:
+def _size_excluded(symbol: str, value: int, caps, scale: bool = False) -> str:
     from fmha.properties.covering import smallest_cache
 
     if not ranges.applies(symbol, caps):
@@ -114,8 +116,11 @@ def _size_excluded(symbol: str, value: int, caps) -> str:
     if symbol == "pages" and value < (fewest := smallest_cache(caps)):
         return (f"not drawn: a sparse call's cache holds its keys and a slot of poison, {fewest} "
                 f"pages of {min(caps.block_sizes or (1,))}")
-    if not ranges.affordable(symbol, value, caps):
-        return "the GPU scale tier's (past what a CPU run affords)"
+    tier = ranges.tier(symbol, value, caps)
+    if tier == "none":
+        return "no tier's (past what one card affords)"
+    if tier == "scale" and not scale:
+        return "the GPU scale tier's (past what a CPU run affords: --fmha-scale)"
     return ""
 
 
@@ -182,17 +187,22 @@ def table(kernel_name: str, rows: list[Row]) -> str:
 
 
 def main(argv=None) -> int:
+    from fmha.properties import scale
     from fmha.regressions.selection import command_line, parse, resolve_kernel, selected_kernels
 
     parser = command_line(__doc__, default_kernels=", ".join(DEFAULT_KERNELS))
     parser.prog = "python -m fmha.ci.coverage"
     parser.add_argument("--draws", type=int, default=40, help="hypothesis draws beside the covering set (default 40)")
+    parser.add_argument("--fmha-scale", action="store_true",
+                        help="the GPU scale tier's calls too (fmha.properties.scale; a CUDA device): its sizes then "
+                             "count as reached or not, like the CPU tier's")
     args = parse(parser, argv)
     kernels = selected_kernels(parser, args) if args.fmha_kernel else [resolve_kernel(n) for n in DEFAULT_KERNELS]
     status = 0
     for kernel in kernels:
         device = args.fmha_device
-        rows = audit(kernel.capabilities_on(device), *reached_by(draws(kernel, device, args.draws), kernel, device))
+        samples = draws(kernel, device, args.draws) + (scale.calls(kernel, device) if args.fmha_scale else [])
+        rows = audit(kernel.capabilities_on(device), *reached_by(samples, kernel, device), scale=args.fmha_scale)
         print(table(kernel.name, rows) + "\n")
         if unreached(rows):
             status = 1

@@ -45,6 +45,7 @@ MARKERS = {
     "gpu": "needs a CUDA device; skipped with a reason elsewhere",
     "slow": "takes seconds through the CPU interpreter: skipped on the CPU unless --fmha-slow",
     "nightly": "nightly tier: runs only with --fmha-nightly",
+    "scale": "the GPU scale tier (fmha.properties.scale): runs only with --fmha-scale, on a CUDA device",
     "cpu_tier": ("runs on the CPU whatever the session's device (eager mutants, plug-in sessions and CLIs on "
                  "--fmha-device cpu): the CPU tier's evidence; a CUDA session runs it only with --fmha-nightly"),
     "property": "hypothesis property test",
@@ -95,6 +96,9 @@ def pytest_addoption(parser):
     group.addoption("--fmha-nightly-seeds", type=int, default=5, metavar="N",
                     help="with --fmha-nightly, the seeds a known failure recorded at some seeds runs at (default 5)")
     group.addoption("--fmha-slow", action="store_true", help="on the CPU, also run tests marked slow")
+    group.addoption("--fmha-scale", action="store_true",
+                    help="also run the GPU scale tier: each selected kernel on calls at production sizes (128k keys, "
+                         "caches past 2^31 elements, 512 requests, page ids past 2^20; fmha.properties.scale)")
     group.addoption("--fmha-progress", type=float, default=None, metavar="SECONDS",
                     help="a progress line every SECONDS (default: 10 where the output is not a terminal; 0: none)")
 
@@ -217,12 +221,29 @@ def _in_suite(metafunc) -> bool:
 
 
 def pytest_generate_tests(metafunc):
+    if "scale_sample" in metafunc.fixturenames and _in_suite(metafunc):
+        pairs, ids = _scale_calls(metafunc.config)
+        metafunc.parametrize(["kernel", "scale_sample"], pairs, ids=ids)
+        return
     if ("kernel" in metafunc.fixturenames or "merge_kernel" in metafunc.fixturenames) and _in_suite(metafunc):
         kernels, merges = _selection(metafunc.config)
         if "kernel" in metafunc.fixturenames:
             metafunc.parametrize("kernel", kernels, ids=[k.name for k in kernels])
         if "merge_kernel" in metafunc.fixturenames:
             metafunc.parametrize("merge_kernel", merges, ids=[m.name for m in merges])
+
+
+def _scale_calls(config) -> tuple[list, list]:
+    """(kernel, sample) of the GPU scale tier, and their ids: with --fmha-scale on CUDA every call
+    of fmha.properties.scale a kernel's declaration admits; else a kernel each, its test skipped."""
+    kernels, _ = _selection(config)
+    device = config.stash[DEVICE]
+    if not (config.getoption("--fmha-scale") and device == "cuda"):
+        return [(k, None) for k in kernels], [k.name for k in kernels]
+    from fmha.properties import scale
+
+    pairs = [(k, s) for k in kernels for s in scale.calls(k, device)]
+    return pairs, [f"{k.name}-{s.id}" for k, s in pairs]
 
 
 def starts_first_order(items: list, config) -> list:
@@ -298,6 +319,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="slow through the CPU interpreter: runs on GPUs, or pass --fmha-slow"))
         if item.get_closest_marker("nightly") and not config.getoption("--fmha-nightly"):
             item.add_marker(pytest.mark.skip(reason="nightly tier: pass --fmha-nightly to run it"))
+        if item.get_closest_marker("scale") and not (config.getoption("--fmha-scale") and device == "cuda"):
+            item.add_marker(pytest.mark.skip(reason="the GPU scale tier: runs on a CUDA device with --fmha-scale"))
         if item.get_closest_marker("cpu_tier") and device == "cuda" and not config.getoption("--fmha-nightly"):
             item.add_marker(pytest.mark.skip(reason="runs on the CPU whatever the device: the CPU tier's test; a CUDA "
                                                     "session runs it with --fmha-nightly"))

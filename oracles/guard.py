@@ -63,7 +63,8 @@ JUDGE_MODULES = (
     "fmha.oracles.quantization", "fmha.oracles.dense_reference",
     "fmha.oracles.reference_kernel", "fmha.oracles.sample", "fmha.oracles.verdict", "fmha.oracles.run_seed",
     "fmha.properties.law_record", "fmha.properties.dense_laws", "fmha.properties.paged_laws",
-    "fmha.properties.covering", "fmha.properties.strategies", "fmha.properties.paged_strategies",
+    "fmha.properties.covering", "fmha.properties.scale", "fmha.properties.strategies",
+    "fmha.properties.paged_strategies",
     "fmha.regressions.trap", "fmha.regressions.symptoms",
 )
 # torch namespaces whose functions the judge calls as torch.<name>, torch.linalg.<name>, ...

@@ -22,6 +22,7 @@ one softmax; the sink, once, in its denominator.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -110,46 +111,105 @@ class Sparse:
 Source = Dense | Paged | Sparse
 
 
+# Keys one pass of the oracle holds: its float64 logits are (Hq, T, KEY_CHUNK) at most, so a request
+# of 128k keys (the GPU scale tier's) is answered in bounded memory. The CPU tier's are one pass.
+KEY_CHUNK = 2**14
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float,
-           sink: torch.Tensor | None, scales: bool = False):
+           sink: torch.Tensor | None, scales: bool = False, key_chunk: int | None = None):
     """One request in float64: q (T, Hq, D); keys (T or 1, N, Hkv, D) and values (T or 1, N,
     Hkv, Dv) shared by the rows or one set per row; visible (T, N). Returns o (T, Hq, Dv) and
     lse (Hq, T), and with `scales` what the verdict measures against (`Oracle`'s fields, per
-    request). Invisible keys and values are never read: poison there cannot leak."""
-    T, Hq = q.shape[:2]
-    Hkv = keys.shape[2]
-    group = Hq // Hkv
-    # Query head h reads KV head h // group: heads as (Hkv, group), keys never repeated per
-    # head or per row (a paged request's keys are one set for all its rows: copying them per
-    # row took T times their memory).
+    request). Invisible keys and values are never read: poison there cannot leak. Past
+    `key_chunk` keys (default KEY_CHUNK), in passes of that many (`_in_chunks`)."""
+    key_chunk = key_chunk or KEY_CHUNK
+    if keys.shape[1] > key_chunk:
+        return _in_chunks(q, keys, values, visible, scale, sink, scales, key_chunk)
+    shared = keys.shape[0] == 1
+    keys, values = _readable(keys, values, visible)
+    scores = _scores(q, keys, shared) * scale
+    weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF)[None], sink)
+    terms = _terms(q, keys, values, visible, weights[0], scores, scales)
+    return (terms["o"], lse[0]) if not scales else _scales(terms, lse[0], q, scale)
+
+
+def _readable(keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor):
+    """keys and values in float64, zeroed where no row may read them (poison there cannot leak
+    through 0 * NaN); keys shared by the rows as (N, Hkv, D), never copied per row (a paged
+    request's keys are one set for all its rows: copying them per row took T times their memory)."""
     shared = keys.shape[0] == 1
     if shared:
         keys, values = keys[0], values[0]
-    kv = "nkd" if shared else "tnkd"
-    # Zeroed where no row may read them: poison there cannot leak through 0 * NaN.
     readable = (visible.any(0) if shared else visible)[..., None, None]
-    keys = torch.where(readable, keys.double(), 0.0)
-    values = torch.where(readable, values.double(), 0.0)
-    scores = _scores(q, keys, shared) * scale
-    weights, lse = softmax_with_sink(scores.masked_fill(~visible, NEG_INF)[None], sink)
-    grouped = weights[0].unflatten(0, (Hkv, group))
-    o = torch.einsum(f"kgtn,{kv}->tkgd", grouped, values).flatten(1, 2)
+    return torch.where(readable, keys.double(), 0.0), torch.where(readable, values.double(), 0.0)
+
+
+def _terms(q, keys, values, visible, weights, scores, scales: bool) -> dict:
+    """The sums over these keys (`_readable`'s) that the answer and its scales are made of, at
+    `weights` (Hq, T, N): sums over several passes of keys add up to the sums over all of them.
+    Query head h reads KV head h // group: heads as (Hkv, group), keys never repeated per head."""
+    Hkv = keys.shape[-2]
+    kv = "nkd" if keys.dim() == 3 else "tnkd"
+    grouped = weights.unflatten(0, (Hkv, q.shape[1] // Hkv))
+    sums = lambda w, x: torch.einsum(f"kgtn,{kv}->tkgd", w, x).flatten(1, 2)  # noqa: E731
+    terms = dict(o=sums(grouped, values))
     if not scales:
-        return o, lse[0]
-    visible_scores = scores.masked_select(visible.expand_as(scores))
+        return terms
+    T = q.shape[0]
     # Per row, the longest key it sees.
     norms = torch.where(visible[..., None], keys.norm(dim=-1), 0.0)  # (T, N, Hkv)
-    key_norm = (norms.amax(dim=1) if norms.shape[1] else norms.new_zeros(T, Hkv)).repeat_interleave(group, 1).T
     # What flushing to zero can take from a sum of p v: a weight below fp32's smallest normal
     # (p |v| < tiny |v|), or a product below it (< tiny, with |v| < 1 and p above it: an H100's
     # Gluon kernel and CPU flash SDPA returned 0 for an output of 1.2e-38 summed from two such).
     flushable = torch.where(values != 0, values.abs().clamp(min=1.0), 0.0)
-    seen_abs = torch.einsum(f"tn,{kv}->tkd", visible.double(), flushable).repeat_interleave(group, 1)
-    return dict(o=o, lse=lse[0], o_abs=torch.einsum(f"kgtn,{kv}->tkgd", grouped, values.abs()).flatten(1, 2),
-                o_squares=torch.einsum(f"kgtn,{kv}->tkgd", grouped.square(), values.square()).flatten(1, 2).sqrt(),
-                squares=float(visible_scores.square().sum()), count=visible_scores.numel(),
-                logit_magnitude=scale * q.double().norm(dim=-1).T * key_norm,
-                underflow=torch.finfo(torch.float32).tiny * seen_abs)
+    return terms | dict(o_abs=sums(grouped, values.abs()), o_squares=sums(grouped.square(), values.square()),
+                        squares=float(scores.masked_select(visible.expand_as(scores)).square().sum()),
+                        count=int(visible.sum()) * scores.shape[0],
+                        key_norm=norms.amax(dim=1) if norms.shape[1] else norms.new_zeros(T, Hkv),
+                        seen_abs=torch.einsum(f"tn,{kv}->tkd", visible.double(), flushable))
+
+
+def _scales(terms: dict, lse: torch.Tensor, q: torch.Tensor, scale: float) -> dict:
+    """A request's `Oracle` fields from its terms (`_terms`, summed over every pass of keys)."""
+    group = q.shape[1] // terms["key_norm"].shape[-1]
+    return dict(o=terms["o"], lse=lse, o_abs=terms["o_abs"], o_squares=terms["o_squares"].sqrt(),
+                squares=terms["squares"], count=terms["count"],
+                logit_magnitude=scale * q.double().norm(dim=-1).T * terms["key_norm"].repeat_interleave(group, 1).T,
+                underflow=torch.finfo(torch.float32).tiny * terms["seen_abs"].repeat_interleave(group, 1))
+
+
+def _in_chunks(q, keys, values, visible, scale, sink, scales: bool, key_chunk: int):
+    """`attend` in passes of `key_chunk` keys, exact: a first pass finds each row's largest logit m
+    and l, the sum of exp(logit - m) over every pass and the sink (FlashAttention's m and l, not
+    their log: past |logit| ~ 1e17 lse rounds to m, and merging passes by exp(lse_i - lse) would
+    weigh tied keys by the pass, not by their count); a second weighs each key exp(logit - m) / l,
+    as one pass does (dense_reference.softmax_with_sink), and sums the terms."""
+    passes = [slice(i, i + key_chunk) for i in range(0, keys.shape[1], key_chunk)]
+
+    def logits(span):
+        k, v = _readable(keys[:, span], values[:, span], visible[:, span])
+        scores = _scores(q, k, k.dim() == 3) * scale
+        return k, v, scores, scores.masked_fill(~visible[:, span], NEG_INF)
+
+    finite = lambda m: torch.where(torch.isinf(m), 0.0, m)  # noqa: E731 (a row with nothing visible: all 0)
+    top = torch.full((q.shape[1], q.shape[0]), NEG_INF, dtype=torch.float64, device=q.device)
+    total = torch.zeros_like(top)
+    sink_logits = [] if sink is None else [sink.double()[:, None, None]]  # a key of every row, with no value
+    for masked in itertools.chain((logits(span)[3] for span in passes), sink_logits):  # one pass in memory
+        new_top = torch.maximum(top, masked.amax(dim=-1))
+        kept = torch.where(torch.isinf(top), 0.0, torch.exp(top - new_top))  # nothing kept before a row's first key
+        total = total * kept + torch.exp(masked - finite(new_top)[..., None]).sum(-1)
+        top = new_top
+    lse = torch.log(total) + finite(top)
+    terms = None
+    for span in passes:
+        k, v, scores, masked = logits(span)
+        weights = torch.exp(masked - finite(top)[..., None]) / torch.where(total == 0, 1.0, total)[..., None]
+        part = _terms(q, k, v, visible[:, span], weights, scores, scales)
+        terms = part if terms is None else {name: torch.maximum(terms[name], x) if name == "key_norm" else terms[name] + x
+                                            for name, x in part.items()}
+    return (terms["o"], lse) if not scales else _scales(terms, lse, q, scale)
 
 
 def _scores(q: torch.Tensor, keys: torch.Tensor, shared: bool) -> torch.Tensor:

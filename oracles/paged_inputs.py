@@ -49,8 +49,9 @@ def request_facts(sample: Sample) -> dict:
     B, T = p.batch, p.q_len
     sees_a_key = torch.zeros(B, T, dtype=torch.bool)
     for scope, topk, lengths in ((1, p.kv_len, sample.topk_lens), (2, p.extra_topk, sample.extra_topk_lens)):
-        if topk:
-            _, invalid, _ = _row_draws(sample, scope, B, T, topk)
+        if topk:  # the rows' order drawn only where the -1s are drawn after it (2^24 indices: a second)
+            invalid = _row_draws(sample, scope, B, T, topk, lengths)[1] if sample.invalid \
+                else _invalid(sample, None, (B, T, topk))
             read = torch.arange(topk) < torch.tensor(lengths or (topk,) * B).view(B, 1, 1)
             sees_a_key |= (read & ~invalid).any(-1)
     return dict(empty_query_requests=False, q_len_over_kv_len=False, rows_without_keys=not bool(sees_a_key.all()))
@@ -257,6 +258,27 @@ def _in_the_last_slot(slots: torch.Tensor, key, last: int) -> None:
     slots[key] = last
 
 
+def _invalid(sample: Sample, rows: torch.Generator | None, shape: tuple[int, int, int], lengths=None) -> torch.Tensor:
+    """(B, T, topk): which entries of the rows are -1; `rows`, the scope's generator after the
+    rows' order, draws them (unused where `sample.invalid` is 0: the runs of -1 are fixed).
+    `lengths`: each request's topk_len in the scope (None: every entry is read)."""
+    B, T, topk = shape
+    invalid = (torch.rand(shape, generator=rows) < sample.invalid) if sample.invalid else torch.zeros(shape, dtype=torch.bool)
+    run = invalid_run(topk) if "invalid-runs" in sample.hazards else 0
+    if run:  # a tile of -1 at the start, in the middle or at the end of each row in turn, valid indices around it
+        for row, at in enumerate((0, (topk - run) // 2, topk - run) * -(-B * T // 3)):
+            if row < B * T:
+                invalid.view(B * T, topk)[row, at:at + run] = True
+    if sample.invalid and topk:
+        # By construction, not by chance: a row that reads two entries or more reads a -1, its middle
+        # entry where the draw left it none (a quarter of 18 entries drew none at 0.6% of run seeds).
+        n = torch.tensor(lengths or (topk,) * B).clamp(max=topk)
+        read = torch.arange(topk) < n.view(B, 1, 1)
+        b, t = ((n.view(B, 1) >= 2) & ~(invalid & read).any(-1)).nonzero(as_tuple=True)
+        invalid[b, t, n[b] // 2] = True
+    return invalid
+
+
 def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int, lengths=None):
     """Which of its request's keys each query row reads, in which order (B, T, topk), which of
     its entries are -1, and which repeat another entry of the row (the mask and the entry):
@@ -266,12 +288,7 @@ def _row_draws(sample: Sample, scope: int, B: int, T: int, topk: int, lengths=No
     order = torch.stack([torch.stack([torch.randperm(topk, generator=rows) for _ in range(T)]) for _ in range(B)]
                         ) if B and T else torch.zeros(B, T, topk, dtype=torch.long)
     shape = (B, T, topk)
-    invalid = (torch.rand(shape, generator=rows) < sample.invalid) if sample.invalid else torch.zeros(shape, dtype=torch.bool)
-    run = invalid_run(topk) if "invalid-runs" in sample.hazards else 0
-    if run:  # a tile of -1 at the start, in the middle or at the end of each row in turn, valid indices around it
-        for row, at in enumerate((0, (topk - run) // 2, topk - run) * -(-B * T // 3)):
-            if row < B * T:
-                invalid.view(B * T, topk)[row, at:at + run] = True
+    invalid = _invalid(sample, rows, shape, lengths)
     if not sample.repeats or not topk:
         return order, invalid, (torch.zeros(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.long))
     repeated, source = torch.rand(shape, generator=rows) < sample.repeats, torch.randint(0, topk, shape, generator=rows)

@@ -57,9 +57,11 @@ NOT_KEYED = ("fmha.regressions.cli", "fmha.regressions.ledger", "fmha.regression
 
 
 def matrix_mutants() -> dict[str, Mutant]:
-    """The rows: every trap's mutants, then every other mutant that runs in-process on the CPU."""
+    """The rows: every trap's mutants, then every other mutant that runs in-process on the CPU (not
+    the GPU scale tier's: the CPU tier passes them by design)."""
     rows = dict(trap_mutants())
-    rows.update({name: m for name, m in MUTANTS.items() if name not in rows and "cpu" in m.devices and not m.isolate})
+    rows.update({name: m for name, m in MUTANTS.items()
+                 if name not in rows and "cpu" in m.devices and not m.isolate and not m.tier})
     return rows
 
 

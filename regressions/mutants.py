@@ -11,6 +11,7 @@ patched from. They come from
   shipped, each with its source), fmha.regressions.storage_mutants (storage forms of the
   argument records read wrong), fmha.regressions.range_mutants (sizes past a point handled wrong),
   fmha.regressions.production_mutants (right under test, wrong where production calls),
+  fmha.regressions.scale_mutants (past sizes only the GPU scale tier draws),
 - fmha.regressions.gluon_mutants and fmha.regressions.cuda_mutants (Hopper only).
 
 Any of them runs as a kernel, by one spelling: `--fmha-kernel mutant:NAME`.
@@ -22,12 +23,13 @@ import difflib
 from typing import Iterator, Mapping
 
 from fmha.regressions import (cuda_mutants, eager_mutants, gluon_mutants, paged_mutants, production_mutants,
-                              range_mutants, relation_mutants, shipped_mutants, storage_mutants, traps)
+                              range_mutants, relation_mutants, scale_mutants, shipped_mutants, storage_mutants, traps)
 from fmha.regressions.mutation import Mutant
 
 FAMILIES = (eager_mutants.EAGER_MUTANTS, paged_mutants.PAGED_MUTANTS, shipped_mutants.SHIPPED_MUTANTS,
             storage_mutants.STORAGE_MUTANTS, range_mutants.RANGE_MUTANTS,
-            relation_mutants.RELATION_MUTANTS, production_mutants.PRODUCTION_MUTANTS, gluon_mutants.GLUON_DENSE_MUTANTS, gluon_mutants.GLUON_SPARSE_MUTANTS, cuda_mutants.CUDA_MUTANTS)
+            relation_mutants.RELATION_MUTANTS, production_mutants.PRODUCTION_MUTANTS, scale_mutants.SCALE_MUTANTS,
+            gluon_mutants.GLUON_DENSE_MUTANTS, gluon_mutants.GLUON_SPARSE_MUTANTS, cuda_mutants.CUDA_MUTANTS)
 
 
 class _Registry(Mapping):

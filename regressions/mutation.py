@@ -44,12 +44,17 @@ class Mutant:
     twin: Callable[[], KernelEntry | MergeEntry] | None = None
     devices: tuple[str, ...] = ("cpu", "cuda")  # where it can be built and run (the Gluon and CUDA kernels': cuda)
     source: str = ""  # where a public kernel shipped the bug (an issue or pull request)
+    # "scale": its bug lives past the sizes a CPU run affords; the GPU scale tier proves it
+    # (fmha.regressions.scale_mutants), and the CPU tier passes it, so it is no kill-matrix row.
+    tier: str = ""
 
     def __post_init__(self):
         if not self.name or self.name != self.name.lower() or "_" in self.name or " " in self.name:
             raise ValueError(f"mutant name: expected kebab-case like 'normalize-twice', got {self.name!r}")
         if self.isolate not in ("", "hang", "crash"):
             raise ValueError(f"mutant {self.name}: isolate is '', 'hang' or 'crash', got {self.isolate!r}")
+        if self.tier not in ("", "scale"):
+            raise ValueError(f"mutant {self.name}: tier is '' or 'scale', got {self.tier!r}")
 
     def kernel(self) -> KernelEntry | MergeEntry:
         """The mutant's kernel (or merge), named `mutant:NAME` as the command line names it."""

@@ -13,7 +13,9 @@ it (a kernel of head dims 16 to 512 in steps of 16: its D's "min + 1" is 32):
 - ``=n``: a value real models use that tiles of powers of two do not fit (head dim 40 in
   diffusion UNets, 72 in SigLIP; a group of 6 or 12; 128 query heads).
 
-Values past what a CPU run affords (`Size.affordable`) belong to the GPU scale tier.
+Values past what a CPU run affords (`Size.affordable`) belong to the GPU scale tier
+(fmha.properties.scale, `--fmha-scale`), up to what one card affords (`Size.scale`); past that,
+no device's (a call of 2^31 requests or keys holds more than any card's memory).
 """
 
 from __future__ import annotations
@@ -35,15 +37,20 @@ class Size:
     # Above this a call is the GPU scale tier's (the CPU tier's interpreter and oracle cannot afford it).
     affordable: int = 512
     sources: tuple[str, ...] = ("dense", "paged", "sparse")  # the calls that have it
+    # Up to this the GPU scale tier draws it, the call's other sizes small: 2^24 + 1 rows, keys, slots
+    # of a page or indices of a row in q's dtype fit a card beside the oracle's passes; requests and
+    # heads are a Python loop or a program each, 2^16 + 1 of them minutes at most.
+    scale: int = 2**24 + 1
 
 
 SIZES: dict[str, Size] = {s.symbol: s for s in (
-    Size("B", "requests in the batch", INT32_MAX, affordable=64),
+    Size("B", "requests in the batch", INT32_MAX, affordable=64, scale=2**16 + 1),
     Size("T", "query rows a request", INT32_MAX, affordable=1100),
     Size("S", "keys a request", INT32_MAX, affordable=4096),
-    Size("Hq", "query heads", INT32_MAX, models=(128,)),
-    Size("Hkv", "KV heads", INT32_MAX, affordable=64),
-    Size("group", "query heads a KV head reads for (Hq / Hkv)", INT32_MAX, models=(6, 12, 64), affordable=64),
+    Size("Hq", "query heads", INT32_MAX, models=(128,), scale=2**16 + 1),
+    Size("Hkv", "KV heads", INT32_MAX, affordable=64, scale=2**16 + 1),
+    Size("group", "query heads a KV head reads for (Hq / Hkv)", INT32_MAX, models=(6, 12, 64), affordable=64,
+         scale=2**16 + 1),
     Size("D", "head dim of q and k", 512, models=(40, 72, 80, 96, 112)),
     Size("Dv", "head dim of v", 512, models=(40, 72, 80, 96, 112)),
     # contract v2, read from the call: a page's keys and a sparse row's indices (either scope's), the
@@ -133,6 +140,8 @@ def freedoms(caps=None) -> list[tuple[str, str, int]]:
 
 # A cache's slots a CPU run affords: 2^16 + 1 pages of one or two keys, 257 pages of up to 1024.
 PAGE_SLOTS_AFFORDABLE = 2**18
+# And the GPU scale tier: 2^24 + 1 pages of one key (of 64: 2^19).
+PAGE_SLOTS_SCALE = 2**25
 
 
 def cache_affordable(pages: int, block_size: int) -> bool:
@@ -143,9 +152,18 @@ def cache_affordable(pages: int, block_size: int) -> bool:
 def affordable(symbol: str, value: int, caps) -> bool:
     """Whether a CPU run affords a call with `symbol` at `value` (else: the GPU scale tier's); a
     cache's pages count in the kernel's smallest block size."""
+    return tier(symbol, value, caps) == "cpu"
+
+
+def tier(symbol: str, value: int, caps) -> str:
+    """Which tier draws `symbol` at `value` for a kernel of `caps`: "cpu" (every run), "scale" (the
+    GPU scale tier) or "none" (past what one card affords); a cache's pages count in the kernel's
+    smallest block size."""
     if symbol == "pages":
-        return cache_affordable(value, min(caps.block_sizes or (1,)))
-    return value <= SIZES[symbol].affordable
+        slots = value * min(caps.block_sizes or (1,))
+        return "cpu" if slots <= PAGE_SLOTS_AFFORDABLE else "scale" if slots <= PAGE_SLOTS_SCALE else "none"
+    size = SIZES[symbol]
+    return "cpu" if value <= size.affordable else "scale" if value <= size.scale else "none"
 
 
 def applies(symbol: str, caps) -> bool:
@@ -158,7 +176,7 @@ def markdown() -> str:
     contract's range (a kernel's declaration narrows them), and what a CPU run affords."""
     from fmha.tables import Table
 
-    table = Table(["size", "meaning", "calls", "range", "its freedoms", "a CPU run affords"])
+    table = Table(["size", "meaning", "calls", "range", "its freedoms", "a CPU run affords", "the GPU scale tier"])
     for s in SIZES.values():
         found = values(s)
         widths = [k for k in WIDTHS if f"2^{k}" in found]
@@ -166,8 +184,15 @@ def markdown() -> str:
         freedoms = ["min, min+1, max-1, max", f"2^k-1, 2^k, 2^k+1 for k in {', '.join(map(str, widths))}",
                     *([f"models' {models}"] if models else [])]
         table.add(s.symbol, s.meaning, ", ".join(s.sources), "1 .. 2^31-1" if s.hi == INT32_MAX else f"1 .. {s.hi}",
-                  "; ".join(freedoms), "a cache of 2^18 slots" if s.symbol == "pages" else f"up to {s.affordable}")
+                  "; ".join(freedoms), "a cache of 2^18 slots" if s.symbol == "pages" else f"up to {s.affordable}",
+                  "a cache of 2^25 slots" if s.symbol == "pages" else _power(s.scale) if s.scale < s.hi else "")
     return table.markdown() + "\n"
+
+
+def _power(n: int) -> str:
+    """2^24 + 1 as such."""
+    k = n.bit_length() - 1
+    return f"up to 2^{k}" + (f" + {n - 2**k}" if n > 2**k else "")
 
 
 if __name__ == "__main__":

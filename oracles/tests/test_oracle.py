@@ -159,3 +159,51 @@ def test_the_oracles_scales_over_pages_equal_the_dense_oracles():
     o, lse = dense_reference.attention(q, k, v, sink=sink, scale=0.3)
     torch.testing.assert_close(dense.o, o, **F64)
     torch.testing.assert_close(dense.lse, lse, **F64)
+
+
+def _samples_of_every_source():
+    from fmha.contract.problem import Problem
+    from fmha.oracles.sample import Sample
+
+    dense = Problem(batch=2, q_len=5, kv_len=23, heads_q=4, heads_kv=2, head_dim=16, causal=True, window=9, sink=True)
+    paged = Problem(batch=3, q_len=4, kv_len=21, heads_q=6, heads_kv=2, head_dim=16, causal=True,
+                    source="paged", ragged=True, block_size=4)
+    sparse = Problem(batch=2, q_len=2, kv_len=19, heads_q=4, heads_kv=1, head_dim=512, shared_kv=True, sink=True,
+                     source="sparse", block_size=64, cache_layout="dsv4-fp8", extra_topk=13, extra_block_size=4,
+                     extra_cache_layout="dsv4-fp4")
+    return [Sample(problem=dense, seed=3), Sample(problem=paged, seed=4, kv_lens=(21, 0, 9), q_lens=(4, 1, 0)),
+            Sample(problem=sparse, seed=5, invalid=0.25, repeats=0.25),
+            Sample(problem=dense.replace(window=None), seed=6, distribution="large_logits")]
+
+
+@pytest.mark.parametrize("sample", _samples_of_every_source(), ids=lambda s: s.problem.source)
+def test_the_oracle_in_passes_of_keys_equals_it_in_one(sample, monkeypatch):
+    """The GPU scale tier's requests of 128k keys are answered in passes of KEY_CHUNK keys: the
+    same answer and scales as one pass, on every source, with a sink, a window, rows without keys."""
+    from fmha.oracles import oracle
+    from fmha.oracles.check import oracle_of
+
+    x = sample.inputs("cpu")
+    whole = oracle_of(x)
+    monkeypatch.setattr(oracle, "KEY_CHUNK", 3)
+    passes = oracle_of(x)
+    for name in ("o", "lse", "o_abs", "o_squares", "logit_magnitude", "underflow"):
+        want = getattr(whole, name)  # sums that cancel: within their terms' rounding, not their own
+        torch.testing.assert_close(getattr(passes, name), want, rtol=1e-12, atol=1e-13 * float(want.abs().max()), msg=name)
+    assert passes.logit_rms == pytest.approx(whole.logit_rms, rel=1e-12)
+    if sample.problem.source == "paged":
+        assert whole.lse.isinf().any(), "a request without keys was meant to be drawn"
+
+
+def test_passes_of_keys_weigh_tied_keys_past_1e17_by_their_count():
+    """Logits near -5e37: lse rounds to the largest logit, so passes merged by exp(lse_i - lse)
+    would give each pass's tied keys one pass's weight; o is the mean of the values either way."""
+    from fmha.oracles.oracle import attend
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.full((1, 1, 4), -2.0**62, dtype=torch.float64)
+    keys = torch.full((1, 7, 1, 4), 2.0**62, dtype=torch.float64)
+    values = torch.randn(1, 7, 1, 3, dtype=torch.float64, generator=g)
+    visible = torch.ones(1, 7, dtype=torch.bool)
+    o, _ = attend(q, keys, values, visible, 1.0, None, key_chunk=3)  # passes of 3, 3 and 1 keys
+    torch.testing.assert_close(o[0, 0], values[0, :, 0].mean(0), **F64)
