@@ -114,12 +114,12 @@ def _paged(sample: Sample, g, q, k, v, sink, device, fill) -> Inputs:
     table = table_tensor.tolist()
     cast = dict(dtype=p.dtype, device=device)
     q_lens = (sample.q_lens or (p.q_len,) * B) if p.ragged else (p.q_len,) * B
-    read = _read(table, kv_lens, bs)
+    read = slots = _read(table, kv_lens, bs)
     if "invisible-keys" in sample.hazards:  # only the slots some request's rows see (a shared page's may be another's)
         read = torch.cat([request_slots(table[b], n, bs)[invisible_keys(q_lens[b], n, p.window):]
                           for b, n in enumerate(kv_lens)])
-    k_cache = _scatter(k, table, kv_lens, bs, num_blocks, fill, cast, read)
-    v_cache = k_cache if v is k else _scatter(v, table, kv_lens, bs, num_blocks, fill, cast, read)
+    k_cache = _scatter(k, slots, kv_lens, bs, num_blocks, fill, cast, read)
+    v_cache = k_cache if v is k else _scatter(v, slots, kv_lens, bs, num_blocks, fill, cast, read)
     hostile = "padded-pages" in sample.hazards
     if hostile and p.cache_layout is None:
         padded = _in_hazard_form("padded-pages", "k", k_cache, p, fill)
@@ -159,12 +159,11 @@ def _read(table, kv_lens, block_size) -> torch.Tensor:
                      or [torch.zeros(0, dtype=torch.long)])
 
 
-def _scatter(x, table, kv_lens, block_size, num_blocks, fill, cast, keep) -> torch.Tensor:
-    """Dense (B, S, H, D) keys into (num_blocks, block_size, H, D) pages per the block table;
-    slots not in `keep` (flat slots) hold `fill`. Of the keys one slot is given (requests whose
-    table rows share memory), the last request's."""
+def _scatter(x, slots, kv_lens, block_size, num_blocks, fill, cast, keep) -> torch.Tensor:
+    """Dense (B, S, H, D) keys into (num_blocks, block_size, H, D) pages at `slots` (`_read`'s, the
+    block table's); slots not in `keep` (flat slots) hold `fill`. Of the keys one slot is given
+    (requests whose table rows share memory), the last request's."""
     cache = torch.full((num_blocks * block_size, *x.shape[2:]), fill, **cast)
-    slots = _read(table, kv_lens, block_size)
     last = torch.full((cache.shape[0],), -1, dtype=torch.int64).scatter_reduce_(
         0, slots, torch.arange(len(slots)), "amax")
     given = (last >= 0).nonzero().flatten()

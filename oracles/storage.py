@@ -120,10 +120,9 @@ def _overlapping(values: torch.Tensor, memory: list[int], steps: set, zeros: set
         shape[d] = values.shape[d]
         where = where + torch.arange(values.shape[d]).view(shape) * strides[d]
     where, written = where.flatten(), values.reshape(-1)
-    poison = _poison(written, fill)
     # of the elements at one address the last drawn one is kept, else the last: the highest rank
     n, where = written.numel(), where.to(written.device)
-    rank = (~poison).to(torch.int64) * n + torch.arange(n, device=written.device)
+    rank = _rank(written, fill, torch.arange(n, device=written.device))
     kept = torch.full((flat.numel(),), -1, dtype=torch.int64, device=written.device).scatter_reduce_(0, where, rank, "amax")
     held = (kept >= 0).nonzero().flatten()
     flat[held] = written[kept[held] % n]
@@ -131,6 +130,12 @@ def _overlapping(values: torch.Tensor, memory: list[int], steps: set, zeros: set
     for d in sorted(zeros):
         view = view.narrow(d, 0, 1)
     return view.expand(values.shape) if zeros else view
+
+
+def _rank(values: torch.Tensor, fill, order: torch.Tensor) -> torch.Tensor:
+    """Each element's rank among those sharing a place, the highest kept: every drawn value above
+    all poison (not finite, or `fill`), then by `order` (position, 0 to n - 1)."""
+    return (~_poison(values, fill)).to(torch.int64) * order.numel() + order
 
 
 def _poison(values: torch.Tensor, fill) -> torch.Tensor:
@@ -146,10 +151,9 @@ def _drawn_along(t: torch.Tensor, d: int, fill) -> torch.Tensor:
     drawn one, else the last. Poison where no row may read never spreads to a value a row reads:
     every page of a cache one keeps each slot some request reads; the last key of a dense call is
     one every row sees."""
-    n = t.shape[d]
     along = [1] * t.dim()
-    along[d] = n
-    rank = (~_poison(t, fill)).to(torch.int64) * n + torch.arange(n, device=t.device).view(along)
+    along[d] = t.shape[d]
+    rank = _rank(t, fill, torch.arange(t.shape[d], device=t.device).view(along))
     return t.gather(d, rank.argmax(d, keepdim=True))
 
 
