@@ -48,8 +48,9 @@ PRODUCTION = Scale()
 
 def scale_samples(caps: Capabilities, seed: int = 0, scale: Scale = PRODUCTION, freedoms: bool = True) -> list[Sample]:
     """Every call of the tier for a kernel of `caps` (before its own limits are asked, as the
-    covering set's skeletons)."""
-    return headline_samples(caps, seed, scale) + (freedom_samples(caps, seed) if freedoms else [])
+    covering set's skeletons), each once (2^16 query heads over one KV head are a group of 2^16)."""
+    found = headline_samples(caps, seed, scale) + (freedom_samples(caps, seed) if freedoms else [])
+    return list({s.id: s for s in found}.values())
 
 
 def calls(kernel, device: str, seed: int = 0) -> list[Sample]:

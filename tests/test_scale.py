@@ -112,3 +112,27 @@ def test_the_scale_mutants_build_and_are_no_kill_matrix_rows():
     rows = kill_matrix.matrix_mutants()
     for m in scale_mutants.SCALE_MUTANTS:
         assert m.tier == "scale" and m.kernel().name == f"mutant:{m.name}" and m.name not in rows, m.name
+
+
+def test_the_plugin_collects_a_test_a_call_on_cuda_with_fmha_scale_and_one_skipped_test_a_kernel_else(monkeypatch):
+    """The GPU-only collection, seen on the CPU: with --fmha-scale on CUDA, one test per (kernel,
+    call) the declaration admits, each id unique; without it, or on the CPU, one per kernel."""
+    from fmha.ci import plugin
+    from fmha.properties.run_settings import DEVICE
+
+    reference = resolve_kernel("reference")
+    monkeypatch.setattr(plugin, "_selection", lambda config: ([reference], []))
+
+    class Config:
+        def __init__(self, scale_on, device):
+            self.scale_on, self.stash = scale_on, {DEVICE: device}
+
+        def getoption(self, name):
+            assert name == "--fmha-scale", name
+            return self.scale_on
+
+    pairs, ids = plugin._scale_calls(Config(True, "cuda"))
+    assert len(pairs) == len(scale.calls(reference, "cuda")) > 40 and len(set(ids)) == len(ids)
+    assert all(k is reference and not k.not_supported_reasons(s.problem, "cuda") for k, s in pairs)
+    assert plugin._scale_calls(Config(True, "cpu")) == plugin._scale_calls(Config(False, "cuda")) == \
+        ([(reference, None)], ["reference"])
